@@ -1,0 +1,5 @@
+// Package proto holds the plugin-agent protocol definition; the generated Go
+// code lives in gpufence/v1.
+package proto
+
+//go:generate protoc --plugin=protoc-gen-go=../bin/protoc-gen-go --go_out=. --go_opt=paths=source_relative gpufence/v1/agent.proto
