@@ -1,0 +1,261 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//
+// gpufence device filter: a BPF_PROG_TYPE_CGROUP_DEVICE program that narrows
+// access to GPU-class devices (char devices of the NVIDIA major, minors 0..253)
+// by the Slurm job a task runs in. Every other device is allowed, always, so
+// the filter never fights systemd, Slurm or a container runtime.
+//
+// Two programs share one decision function; the loader loads only one:
+//
+// devfilter_scope (Linux >= 6.4, needs bpf_get_current_ancestor_cgroup_id for
+// this program type): attached once, with BPF_F_ALLOW_MULTI, on the
+// slurmstepd scope cgroup. The policy of a task is looked up in the
+// `policies` hash by the id of its ancestor at scope level + 2 (the step),
+// then at scope level + 1 (the job, or `system`/`slurmd`). No entry: no GPU.
+//
+// devfilter_cgroup (fallback, Linux >= 5.8 for the ring buffer): attached with
+// BPF_F_ALLOW_MULTI to each cgroup that gets a policy, the policy kept in the
+// attachment's cgroup storage. Nothing sits on the scope in this mode, so a
+// job cgroup that was never registered is NOT narrowed by the kernel; the
+// SPANK plugin refuses to start steps it could not register instead.
+// Storage is zeroed between attach and the first write: no GPU in between.
+//
+// Every denied access is reported through the `events` ring buffer; when it is
+// full, `lost` counts the event and the access is still denied: enforcement
+// never depends on the audit path.
+
+#include "uapi.h"
+#include "bpf_helpers.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#define POLICY_ALLOW_ALL (1U << 0)
+
+// Minors 254 (nvidia-modeset) and 255 (nvidiactl) are needed by every CUDA
+// process and are never narrowed.
+#define GPU_MINOR_MAX 253
+
+enum decision {
+	DECISION_DENIED = 1,
+	DECISION_ALLOWED = 2,
+};
+
+struct filter_config {
+	// Level of the scope cgroup below the cgroup2 root (root is 0).
+	__u32 scope_level;
+	__u32 nvidia_major;
+};
+
+struct policy {
+	// The cgroup this policy belongs to; in the fallback program the only
+	// way to know it, since it cannot ask the kernel.
+	__u64 cgroup_id;
+	__u32 flags;
+	__u32 _pad;
+	// Allowed minors of the NVIDIA major, bit n of minors[n/64].
+	__u64 minors[4];
+};
+
+struct event {
+	__u64 cgroup_id;
+	__u64 ktime_ns;
+	__u32 pid;
+	__u32 tgid;
+	__u32 uid;
+	__u32 gid;
+	__u32 major;
+	__u32 minor;
+	__u16 access;
+	__u8 decision;
+	__u8 _pad1;
+	char comm[16];
+	__u32 _pad2;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct filter_config);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct policy);
+} policies SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_CGROUP_STORAGE);
+	__type(key, struct bpf_cgroup_storage_key);
+	__type(value, struct policy);
+} storage SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+// Only the fields the fallback program reads; CO-RE relocates them against
+// the running kernel's BTF.
+struct task_struct {
+	int pid;
+	int tgid;
+	char comm[16];
+} __attribute__((preserve_access_index));
+
+// Force the types the Go side needs into BTF for bpf2go -type.
+const struct event *unused_event __attribute__((unused));
+const enum decision *unused_decision __attribute__((unused));
+
+// gpu_minor returns the minor when the access is narrowed by gpufence, or -1.
+static __always_inline int gpu_minor(const struct bpf_cgroup_dev_ctx *ctx,
+				     const struct filter_config *cfg)
+{
+	if ((ctx->access_type & 0xffff) != BPF_DEVCG_DEV_CHAR)
+		return -1;
+	if (ctx->major != cfg->nvidia_major || ctx->minor > GPU_MINOR_MAX)
+		return -1;
+	return (int)ctx->minor;
+}
+
+static __always_inline int allowed(const struct policy *p, int minor)
+{
+	if (!p)
+		return 0;
+	if (p->flags & POLICY_ALLOW_ALL)
+		return 1;
+	return (p->minors[(minor >> 6) & 3] >> (minor & 63)) & 1;
+}
+
+static __always_inline void count_lost(void)
+{
+	__u32 key = 0;
+	__u64 *n = bpf_map_lookup_elem(&lost, &key);
+
+	if (n)
+		*n += 1;
+}
+
+// reserve_event fills what both programs know; the caller adds the task.
+static __always_inline struct event *
+reserve_event(const struct bpf_cgroup_dev_ctx *ctx, __u64 cgroup_id,
+	      __u8 decision)
+{
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	__u64 uid_gid;
+
+	if (!e) {
+		count_lost();
+		return 0;
+	}
+	e->cgroup_id = cgroup_id;
+	e->ktime_ns = bpf_ktime_get_ns();
+	uid_gid = bpf_get_current_uid_gid();
+	e->uid = (__u32)uid_gid;
+	e->gid = (__u32)(uid_gid >> 32);
+	e->major = ctx->major;
+	e->minor = ctx->minor;
+	e->access = (__u16)(ctx->access_type >> 16);
+	e->decision = decision;
+	e->_pad1 = 0;
+	e->_pad2 = 0;
+	return e;
+}
+
+static __always_inline const struct filter_config *get_config(void)
+{
+	__u32 key = 0;
+
+	return bpf_map_lookup_elem(&config, &key);
+}
+
+SEC("cgroup/dev")
+int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
+{
+	const struct filter_config *cfg = get_config();
+	const struct policy *p = 0;
+	struct event *e;
+	__u64 id, id1, id2, pid_tgid;
+	int minor;
+
+	// Unreachable (an array lookup of key 0 never fails); never narrow
+	// what cannot be classified.
+	if (!cfg)
+		return 1;
+	minor = gpu_minor(ctx, cfg);
+	if (minor < 0)
+		return 1;
+
+	// A task above step level has no id2 (the helper returns 0).
+	id2 = bpf_get_current_ancestor_cgroup_id(cfg->scope_level + 2);
+	id = id2;
+	if (id2)
+		p = bpf_map_lookup_elem(&policies, &id2);
+	if (!p) {
+		id1 = bpf_get_current_ancestor_cgroup_id(cfg->scope_level + 1);
+		p = bpf_map_lookup_elem(&policies, &id1);
+		if (p || !id2)
+			id = id1;
+	}
+	if (allowed(p, minor))
+		return 1;
+
+	e = reserve_event(ctx, id, DECISION_DENIED);
+	if (e) {
+		pid_tgid = bpf_get_current_pid_tgid();
+		e->pid = (__u32)pid_tgid;
+		e->tgid = (__u32)(pid_tgid >> 32);
+		bpf_get_current_comm(e->comm, sizeof(e->comm));
+		bpf_ringbuf_submit(e, 0);
+	}
+	return 0;
+}
+
+SEC("cgroup/dev")
+int devfilter_cgroup(struct bpf_cgroup_dev_ctx *ctx)
+{
+	const struct filter_config *cfg = get_config();
+	const struct policy *p;
+	struct task_struct *task;
+	struct event *e;
+	int minor;
+
+	// Unreachable (an array lookup of key 0 never fails); never narrow
+	// what cannot be classified.
+	if (!cfg)
+		return 1;
+	minor = gpu_minor(ctx, cfg);
+	if (minor < 0)
+		return 1;
+
+	p = bpf_get_local_storage(&storage, 0);
+	if (allowed(p, minor))
+		return 1;
+
+	e = reserve_event(ctx, p->cgroup_id, DECISION_DENIED);
+	if (e) {
+		// bpf_get_current_pid_tgid and bpf_get_current_comm are not
+		// offered to this program type before 6.4; read the task instead.
+		__builtin_memset(e->comm, 0, sizeof(e->comm));
+		task = (struct task_struct *)bpf_get_current_task();
+		if (bpf_probe_read_kernel(&e->pid, sizeof(e->pid), &task->pid))
+			e->pid = 0;
+		if (bpf_probe_read_kernel(&e->tgid, sizeof(e->tgid), &task->tgid))
+			e->tgid = 0;
+		if (bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), task->comm) < 0)
+			e->comm[0] = 0;
+		bpf_ringbuf_submit(e, 0);
+	}
+	return 0;
+}

@@ -1,0 +1,429 @@
+package devfilter
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// Helpers each program calls beyond the map and ring buffer helpers that
+// every kernel with ring buffers offers to cgroup device programs.
+var (
+	scopeHelpers = []asm.BuiltinFunc{
+		asm.FnGetCurrentAncestorCgroupId, asm.FnGetCurrentPidTgid, asm.FnGetCurrentComm,
+	}
+	perCgroupHelpers = []asm.BuiltinFunc{
+		asm.FnGetLocalStorage, asm.FnGetCurrentTask, asm.FnProbeReadKernel, asm.FnProbeReadKernelStr,
+	}
+)
+
+// Probe reports the best mode this kernel supports, or an error naming the
+// missing feature. It needs the privileges New needs.
+func Probe() (Mode, error) {
+	if err := features.HaveProgramType(ebpf.CGroupDevice); err != nil {
+		return "", fmt.Errorf("probe CGROUP_DEVICE programs: %w", err)
+	}
+	if err := features.HaveMapType(ebpf.RingBuf); err != nil {
+		return "", fmt.Errorf("probe ring buffer maps: %w", err)
+	}
+	scopeErr := haveHelpers(scopeHelpers)
+	if scopeErr == nil {
+		return ModeScope, nil
+	}
+	perCgroupErr := features.HaveMapType(ebpf.CGroupStorage)
+	if perCgroupErr != nil {
+		perCgroupErr = fmt.Errorf("probe cgroup storage maps: %w", perCgroupErr)
+	} else {
+		perCgroupErr = haveHelpers(perCgroupHelpers)
+	}
+	if perCgroupErr == nil {
+		return ModePerCgroup, nil
+	}
+	return "", fmt.Errorf("no device filter mode supported: %s: %w; %s: %w", ModeScope, scopeErr, ModePerCgroup, perCgroupErr)
+}
+
+func haveHelpers(helpers []asm.BuiltinFunc) error {
+	for _, h := range helpers {
+		if err := features.HaveProgramHelper(ebpf.CGroupDevice, h); err != nil {
+			return fmt.Errorf("probe helper %s for CGROUP_DEVICE programs: %w", h, err)
+		}
+	}
+	return nil
+}
+
+// scopeObjects are what ModeScope loads from the collection.
+type scopeObjects struct {
+	Program  *ebpf.Program `ebpf:"devfilter_scope"`
+	Config   *ebpf.Map     `ebpf:"config"`
+	Policies *ebpf.Map     `ebpf:"policies"`
+	Events   *ebpf.Map     `ebpf:"events"`
+	Lost     *ebpf.Map     `ebpf:"lost"`
+}
+
+// perCgroupObjects are what ModePerCgroup loads from the collection.
+type perCgroupObjects struct {
+	Program *ebpf.Program `ebpf:"devfilter_cgroup"`
+	Config  *ebpf.Map     `ebpf:"config"`
+	Storage *ebpf.Map     `ebpf:"storage"`
+	Events  *ebpf.Map     `ebpf:"events"`
+	Lost    *ebpf.Map     `ebpf:"lost"`
+}
+
+// Filter is a loaded device filter. Its methods are safe for concurrent use.
+type Filter struct {
+	mode Mode
+	log  *slog.Logger
+
+	program  *ebpf.Program
+	config   *ebpf.Map
+	policies *ebpf.Map // ModeScope
+	storage  *ebpf.Map // ModePerCgroup
+	events   *ebpf.Map
+	lost     *ebpf.Map
+	reader   *ringbuf.Reader
+
+	mu     sync.Mutex
+	closed bool
+	// scopeLink is the single attachment of ModeScope.
+	scopeLink link.Link
+	// attached are the attachments of ModePerCgroup, by cgroup id.
+	attached map[uint64]link.Link
+}
+
+// New loads the program for opts.Mode, configures it and, in ModeScope,
+// attaches it to opts.ScopeDir.
+func New(opts Options) (*Filter, error) {
+	opts, err := opts.validate()
+	if err != nil {
+		return nil, err
+	}
+	if opts.Mode == ModeAuto {
+		if opts.Mode, err = Probe(); err != nil {
+			return nil, err
+		}
+	}
+	var level int
+	if opts.Mode == ModeScope {
+		if level, err = scopeLevel(opts.ScopeDir); err != nil {
+			return nil, fmt.Errorf("device filter scope: %w", err)
+		}
+	}
+	// Only needed before Linux 5.11, which charged BPF memory to RLIMIT_MEMLOCK.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("device filter: %w", err)
+	}
+
+	f := &Filter{mode: opts.Mode, log: opts.Logger, attached: map[uint64]link.Link{}}
+	spec, err := loadDevfilter()
+	if err != nil {
+		return nil, err
+	}
+	switch opts.Mode {
+	case ModeScope:
+		var objs scopeObjects
+		err = spec.LoadAndAssign(&objs, nil)
+		f.program, f.config, f.policies, f.events, f.lost = objs.Program, objs.Config, objs.Policies, objs.Events, objs.Lost
+	case ModePerCgroup:
+		var objs perCgroupObjects
+		err = spec.LoadAndAssign(&objs, nil)
+		f.program, f.config, f.storage, f.events, f.lost = objs.Program, objs.Config, objs.Storage, objs.Events, objs.Lost
+	}
+	if err != nil {
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return nil, fmt.Errorf("load device filter (%s): %w\nverifier log:\n%+v", opts.Mode, err, verr)
+		}
+		return nil, fmt.Errorf("load device filter (%s): %w", opts.Mode, err)
+	}
+
+	cfg := devfilterFilterConfig{ScopeLevel: uint32(level), NvidiaMajor: opts.NvidiaMajor}
+	if err := f.config.Put(uint32(0), &cfg); err != nil {
+		return nil, errors.Join(fmt.Errorf("configure device filter: %w", err), f.closeObjects())
+	}
+	if f.reader, err = ringbuf.NewReader(f.events); err != nil {
+		return nil, errors.Join(fmt.Errorf("device filter events: %w", err), f.closeObjects())
+	}
+	if opts.Mode == ModeScope {
+		if f.scopeLink, err = attach(opts.ScopeDir, 0, f.program); err != nil {
+			return nil, errors.Join(err, f.reader.Close(), f.closeObjects())
+		}
+	}
+	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
+		"scope_level", level, "nvidia_major", opts.NvidiaMajor)
+	return f, nil
+}
+
+// attach links prog to the cgroup dir, checking its id when id is not 0.
+// A bpf_link always attaches with BPF_F_ALLOW_MULTI semantics, so it never
+// replaces nor overrides a program someone else attached (Slurm's).
+func attach(dir string, id uint64, prog *ebpf.Program) (link.Link, error) {
+	if err := checkCgroup2Dir(dir, id); err != nil {
+		return nil, fmt.Errorf("attach device filter to %s: %w", dir, err)
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("attach device filter to %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	if id != 0 {
+		// The path may have been replaced since checkCgroup2Dir.
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return nil, fmt.Errorf("attach device filter to %s: %w", dir, err)
+		}
+		if st.Ino != id {
+			return nil, fmt.Errorf("attach device filter to %s: cgroup id %d, not %d", dir, st.Ino, id)
+		}
+	}
+	l, err := link.AttachRawLink(link.RawLinkOptions{Target: fd, Program: prog, Attach: ebpf.AttachCGroupDevice})
+	if err != nil {
+		return nil, fmt.Errorf("attach device filter to %s: %w", dir, err)
+	}
+	return l, nil
+}
+
+// Mode is the mode the filter runs in.
+func (f *Filter) Mode() Mode { return f.mode }
+
+func encodePolicy(cg Cgroup, p Policy) (devfilterPolicy, error) {
+	if cg.ID == 0 {
+		return devfilterPolicy{}, errors.New("cgroup id 0")
+	}
+	b, err := p.bitmap()
+	if err != nil {
+		return devfilterPolicy{}, err
+	}
+	return devfilterPolicy{CgroupId: cg.ID, Flags: p.flags(), Minors: b}, nil
+}
+
+func decodePolicy(v devfilterPolicy) Policy { return policyFromBitmap(v.Flags, v.Minors) }
+
+func storageKey(id uint64) devfilterBpfCgroupStorageKey {
+	return devfilterBpfCgroupStorageKey{CgroupInodeId: id, AttachType: uint32(ebpf.AttachCGroupDevice)}
+}
+
+// Set gives cg the policy p, replacing any previous one. In ModePerCgroup it
+// attaches the program to cg.Path the first time.
+func (f *Filter) Set(cg Cgroup, p Policy) error {
+	v, err := encodePolicy(cg, p)
+	if err != nil {
+		return fmt.Errorf("set device policy of cgroup %d: %w", cg.ID, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return fmt.Errorf("set device policy of cgroup %d: %w", cg.ID, ErrClosed)
+	}
+	if f.mode == ModeScope {
+		if err := f.policies.Update(cg.ID, &v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("set device policy of cgroup %d: %w", cg.ID, err)
+		}
+		f.log.Debug("device policy set", "cgroup", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors)
+		return nil
+	}
+
+	if _, ok := f.attached[cg.ID]; !ok {
+		if cg.Path == "" {
+			return fmt.Errorf("set device policy of cgroup %d: no path", cg.ID)
+		}
+		l, err := attach(cg.Path, cg.ID, f.program)
+		if err != nil {
+			return err
+		}
+		f.attached[cg.ID] = l
+		f.log.Debug("device filter attached", "cgroup", cg.ID, "path", cg.Path)
+	}
+	// Until this write the attachment's storage is zero: no GPU.
+	if err := f.storage.Update(storageKey(cg.ID), &v, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("set device policy of cgroup %d: %w", cg.ID, err)
+	}
+	f.log.Debug("device policy set", "cgroup", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors)
+	return nil
+}
+
+// Remove takes the policy of cg away. In ModeScope the cgroup is then denied
+// every GPU; in ModePerCgroup the program is detached from it, which leaves
+// it unnarrowed (Remove is for cgroups that are going away).
+func (f *Filter) Remove(cg Cgroup) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return fmt.Errorf("remove device policy of cgroup %d: %w", cg.ID, ErrClosed)
+	}
+	if f.mode == ModeScope {
+		err := f.policies.Delete(cg.ID)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove device policy of cgroup %d: %w", cg.ID, err)
+		}
+		f.log.Debug("device policy removed", "cgroup", cg.ID)
+		return nil
+	}
+
+	l, ok := f.attached[cg.ID]
+	if !ok {
+		return nil
+	}
+	// Storage outlives the attachment (Linux >= 5.9 keeps it until the
+	// cgroup dies); zero it so a later attach starts with no GPU.
+	var zero devfilterPolicy
+	err := f.storage.Update(storageKey(cg.ID), &zero, ebpf.UpdateExist)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("remove device policy of cgroup %d: %w", cg.ID, err)
+	}
+	if err := l.Close(); err != nil {
+		return fmt.Errorf("detach device filter from cgroup %d: %w", cg.ID, err)
+	}
+	delete(f.attached, cg.ID)
+	f.log.Debug("device filter detached", "cgroup", cg.ID)
+	return nil
+}
+
+// Policies returns the policies in the kernel, by cgroup id. In
+// ModePerCgroup, cgroups removed since Set are left out.
+func (f *Filter) Policies() (map[uint64]Policy, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, fmt.Errorf("list device policies: %w", ErrClosed)
+	}
+	out := map[uint64]Policy{}
+	if f.mode == ModeScope {
+		var (
+			id uint64
+			v  devfilterPolicy
+		)
+		it := f.policies.Iterate()
+		for it.Next(&id, &v) {
+			out[id] = decodePolicy(v)
+		}
+		if err := it.Err(); err != nil {
+			return nil, fmt.Errorf("list device policies: %w", err)
+		}
+		return out, nil
+	}
+	for id := range f.attached {
+		var v devfilterPolicy
+		err := f.storage.Lookup(storageKey(id), &v)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list device policies: cgroup %d: %w", id, err)
+		}
+		out[id] = decodePolicy(v)
+	}
+	return out, nil
+}
+
+// ReadEvent blocks until the program reports an access, and returns
+// ErrClosed once the filter is closed.
+func (f *Filter) ReadEvent() (Event, error) {
+	rec, err := f.reader.Read()
+	if err != nil {
+		if errors.Is(err, os.ErrClosed) {
+			return Event{}, ErrClosed
+		}
+		return Event{}, fmt.Errorf("read device filter event: %w", err)
+	}
+	return decodeEvent(rec.RawSample)
+}
+
+func decodeEvent(raw []byte) (Event, error) {
+	var e devfilterEvent
+	if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &e); err != nil {
+		return Event{}, fmt.Errorf("decode device filter event of %d bytes: %w", len(raw), err)
+	}
+	comm := make([]byte, 0, len(e.Comm))
+	for _, c := range e.Comm {
+		if c == 0 {
+			break
+		}
+		comm = append(comm, byte(c))
+	}
+	return Event{
+		CgroupID: e.CgroupId,
+		Time:     time.Duration(e.KtimeNs),
+		PID:      e.Pid,
+		TGID:     e.Tgid,
+		UID:      e.Uid,
+		GID:      e.Gid,
+		Major:    e.Major,
+		Minor:    e.Minor,
+		Access:   Access(e.Access),
+		Decision: Decision(e.Decision),
+		Comm:     string(comm),
+	}, nil
+}
+
+// Lost is the number of events dropped because the ring buffer was full.
+func (f *Filter) Lost() (uint64, error) {
+	var perCPU []uint64
+	if err := f.lost.Lookup(uint32(0), &perCPU); err != nil {
+		return 0, fmt.Errorf("read lost device filter events: %w", err)
+	}
+	var n uint64
+	for _, v := range perCPU {
+		n += v
+	}
+	return n, nil
+}
+
+// Close detaches everything the filter attached and frees its objects.
+func (f *Filter) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil
+	}
+	f.closed = true
+	var errs []error
+	if err := f.reader.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close device filter events: %w", err))
+	}
+	if f.scopeLink != nil {
+		if err := f.scopeLink.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("detach device filter from scope: %w", err))
+		}
+	}
+	ids := make([]uint64, 0, len(f.attached))
+	for id := range f.attached {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if err := f.attached[id].Close(); err != nil {
+			errs = append(errs, fmt.Errorf("detach device filter from cgroup %d: %w", id, err))
+		}
+		delete(f.attached, id)
+	}
+	errs = append(errs, f.closeObjects())
+	f.log.Info("device filter closed", "mode", string(f.mode))
+	return errors.Join(errs...)
+}
+
+func (f *Filter) closeObjects() error {
+	var errs []error
+	if f.program != nil {
+		errs = append(errs, f.program.Close())
+	}
+	for _, m := range []*ebpf.Map{f.config, f.policies, f.storage, f.events, f.lost} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,170 @@
+package devfilter
+
+import (
+	"bytes"
+	"encoding/binary"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/cilium/ebpf/asm"
+)
+
+// The fallback program must load on Linux 6.1 (Amazon Linux 2023), where a
+// CGROUP_DEVICE program gets only these helpers (cgroup_base_func_proto and,
+// for a CAP_PERFMON loader, bpf_base_func_proto).
+var linux61CgroupDeviceHelpers = map[asm.BuiltinFunc]bool{
+	asm.FnMapLookupElem:       true,
+	asm.FnMapUpdateElem:       true,
+	asm.FnMapDeleteElem:       true,
+	asm.FnKtimeGetNs:          true,
+	asm.FnGetCurrentUidGid:    true,
+	asm.FnGetLocalStorage:     true,
+	asm.FnGetCurrentTask:      true,
+	asm.FnProbeReadKernel:     true,
+	asm.FnProbeReadKernelStr:  true,
+	asm.FnRingbufReserve:      true,
+	asm.FnRingbufSubmit:       true,
+	asm.FnRingbufDiscard:      true,
+	asm.FnRingbufOutput:       true,
+	asm.FnGetSmpProcessorId:   true,
+	asm.FnGetPrandomU32:       true,
+	asm.FnKtimeGetBootNs:      true,
+	asm.FnKtimeGetCoarseNs:    true,
+	asm.FnGetNumaNodeId:       true,
+	asm.FnMapLookupPercpuElem: true,
+}
+
+func programHelpers(t *testing.T, name string) []asm.BuiltinFunc {
+	t.Helper()
+	spec, err := loadDevfilter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog := spec.Programs[name]
+	if prog == nil {
+		t.Fatalf("program %s not in the object", name)
+	}
+	var helpers []asm.BuiltinFunc
+	for _, ins := range prog.Instructions {
+		if ins.IsBuiltinCall() {
+			helpers = append(helpers, asm.BuiltinFunc(ins.Constant))
+		}
+	}
+	if len(helpers) == 0 {
+		t.Fatalf("program %s calls no helper; instructions not read?", name)
+	}
+	return helpers
+}
+
+func TestPerCgroupProgramHelpersExistOnLinux61(t *testing.T) {
+	for _, h := range programHelpers(t, "devfilter_cgroup") {
+		if !linux61CgroupDeviceHelpers[h] {
+			t.Errorf("devfilter_cgroup calls %s, which Linux 6.1 does not offer to CGROUP_DEVICE programs", h)
+		}
+	}
+}
+
+func TestProbedHelpersCoverPrograms(t *testing.T) {
+	// Probe must check every helper a program needs beyond the base set, or
+	// it could pick a mode whose program then fails to load.
+	for name, probed := range map[string][]asm.BuiltinFunc{
+		"devfilter_scope":  scopeHelpers,
+		"devfilter_cgroup": perCgroupHelpers,
+	} {
+		for _, h := range programHelpers(t, name) {
+			if linux61CgroupDeviceHelpers[h] && h != asm.FnGetLocalStorage && h != asm.FnGetCurrentTask &&
+				h != asm.FnProbeReadKernel && h != asm.FnProbeReadKernelStr {
+				continue
+			}
+			found := false
+			for _, p := range probed {
+				found = found || p == h
+			}
+			if !found {
+				t.Errorf("%s calls %s but Probe does not check it", name, h)
+			}
+		}
+	}
+}
+
+func TestGeneratedLayout(t *testing.T) {
+	if got := unsafe.Sizeof(devfilterEvent{}); got != 64 {
+		t.Errorf("event is %d bytes, want 64", got)
+	}
+	if got := unsafe.Sizeof(devfilterPolicy{}); got != 48 {
+		t.Errorf("policy is %d bytes, want 48", got)
+	}
+	if got := unsafe.Sizeof(devfilterBpfCgroupStorageKey{}); got != 16 {
+		t.Errorf("cgroup storage key is %d bytes, want 16 (struct bpf_cgroup_storage_key)", got)
+	}
+	if Decision(devfilterDecisionDECISION_DENIED) != DecisionDenied || Decision(devfilterDecisionDECISION_ALLOWED) != DecisionAllowed {
+		t.Error("Decision constants differ from the program's enum decision")
+	}
+	if policyAllowAll != 1 {
+		t.Error("policyAllowAll differs from the program's POLICY_ALLOW_ALL")
+	}
+}
+
+func TestDecodeEvent(t *testing.T) {
+	in := devfilterEvent{
+		CgroupId: 4242, KtimeNs: 1_500_000_000, Pid: 10, Tgid: 11, Uid: 1000, Gid: 100,
+		Major: 195, Minor: 3, Access: uint16(AccessRead | AccessWrite), Decision: uint8(DecisionDenied),
+	}
+	for i, c := range "devfilter.test\x00j" {
+		in.Comm[i] = int8(c)
+	}
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, binary.NativeEndian, &in); err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeEvent(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Event{CgroupID: 4242, Time: 1500 * 1e6, PID: 10, TGID: 11, UID: 1000, GID: 100,
+		Major: 195, Minor: 3, Access: AccessRead | AccessWrite, Decision: DecisionDenied, Comm: "devfilter.test"}
+	if got != want {
+		t.Fatalf("decodeEvent() = %+v, want %+v", got, want)
+	}
+	if _, err := decodeEvent(buf.Bytes()[:20]); err == nil || !strings.Contains(err.Error(), "20 bytes") {
+		t.Fatalf("decodeEvent(short) error = %v", err)
+	}
+}
+
+func TestCgroupLevel(t *testing.T) {
+	const mountinfo = `22 1 0:20 / / rw - ext4 /dev/root rw
+30 22 0:27 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+35 30 0:32 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+40 30 0:37 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+41 22 0:37 /system.slice /mnt/with\040space rw shared:9 - cgroup2 cgroup2 rw
+`
+	mounts, err := cgroup2Mounts(strings.NewReader(mountinfo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mounts) != 2 || mounts[1].MountPoint != "/mnt/with space" || mounts[1].Root != "/system.slice" {
+		t.Fatalf("cgroup2Mounts() = %+v", mounts)
+	}
+	tests := []struct {
+		dir     string
+		want    int
+		wantErr bool
+	}{
+		{dir: "/sys/fs/cgroup/unified", want: 0},
+		{dir: "/sys/fs/cgroup/unified/system.slice/vm_slurmstepd.scope", want: 2},
+		{dir: "/sys/fs/cgroup/unified/system.slice/vm_slurmstepd.scope/", want: 2},
+		{dir: "/mnt/with space/x_slurmstepd.scope", want: 2},
+		{dir: "/sys/fs/cgroup/devices/a", wantErr: true},
+		{dir: "/sys/fs/cgroup/unifiedx/a", wantErr: true},
+	}
+	for _, tt := range tests {
+		got, err := cgroupLevel(mounts, tt.dir)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("cgroupLevel(%q) = %d, %v; want %d, error %v", tt.dir, got, err, tt.want, tt.wantErr)
+		}
+	}
+	if _, err := cgroup2Mounts(strings.NewReader("garbage\n")); err == nil {
+		t.Error("cgroup2Mounts accepted a malformed line")
+	}
+}

@@ -1,0 +1,197 @@
+// Package devfilter loads gpufence's cgroup device filter into the kernel,
+// attaches it, writes per-cgroup GPU policies into its maps and reads the
+// events it reports. It decides nothing about jobs: which cgroup may use
+// which GPU is decided by the caller.
+package devfilter
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"strings"
+	"time"
+)
+
+// Mode is the way the filter is attached.
+type Mode string
+
+const (
+	// ModeAuto picks ModeScope when the kernel supports it, else ModePerCgroup.
+	ModeAuto Mode = ""
+	// ModeScope attaches one program on the Slurm scope cgroup and looks up
+	// the policy of each access by the step (or job) cgroup of the task.
+	// Needs bpf_get_current_ancestor_cgroup_id for cgroup device programs
+	// (Linux >= 6.4).
+	ModeScope Mode = "scope"
+	// ModePerCgroup attaches the program to each cgroup that gets a policy,
+	// with the policy in the attachment's cgroup storage. Cgroups that never
+	// got a policy are not narrowed.
+	ModePerCgroup Mode = "per-cgroup"
+)
+
+// DefaultNvidiaMajor is the char major of /dev/nvidia[0-9]*, nvidiactl and
+// nvidia-modeset.
+const DefaultNvidiaMajor = 195
+
+// MaxGPUMinor is the highest minor of the NVIDIA major that is a GPU; 254 is
+// nvidia-modeset and 255 nvidiactl, which are never narrowed.
+const MaxGPUMinor = 253
+
+// maxMajor is the largest major a Linux dev_t can hold (12 bits).
+const maxMajor = 1<<12 - 1
+
+// ErrClosed is returned by ReadEvent once the filter is closed.
+var ErrClosed = errors.New("device filter closed")
+
+// Options configure New.
+type Options struct {
+	Mode Mode
+	// ScopeDir is the absolute path of the slurmstepd scope cgroup directory
+	// inside the cgroup2 mount. Required unless Mode is ModePerCgroup.
+	ScopeDir string
+	// NvidiaMajor is the char major of the GPU devices; 0 means 195.
+	NvidiaMajor uint32
+	// Logger receives lifecycle messages; nil discards them.
+	Logger *slog.Logger
+}
+
+// validate checks the fields that need no kernel and fills defaults.
+func (o Options) validate() (Options, error) {
+	switch o.Mode {
+	case ModeAuto, ModeScope, ModePerCgroup:
+	default:
+		return o, fmt.Errorf("devfilter options: Mode %q: want %q, %q or %q", o.Mode, ModeAuto, ModeScope, ModePerCgroup)
+	}
+	if o.ScopeDir == "" {
+		if o.Mode != ModePerCgroup {
+			return o, fmt.Errorf("devfilter options: ScopeDir is required in mode %q", o.Mode)
+		}
+	} else if !strings.HasPrefix(o.ScopeDir, "/") {
+		return o, fmt.Errorf("devfilter options: ScopeDir %q: not an absolute path", o.ScopeDir)
+	}
+	if o.NvidiaMajor == 0 {
+		o.NvidiaMajor = DefaultNvidiaMajor
+	}
+	if o.NvidiaMajor > maxMajor {
+		return o, fmt.Errorf("devfilter options: NvidiaMajor %d: larger than %d", o.NvidiaMajor, maxMajor)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	o.Logger = o.Logger.With("component", "devfilter")
+	return o, nil
+}
+
+// Cgroup names a cgroup2 directory.
+type Cgroup struct {
+	// ID is the cgroup id, the inode number of its directory.
+	ID uint64
+	// Path is the absolute path of the directory; needed in ModePerCgroup.
+	Path string
+}
+
+// Policy says which GPUs of the NVIDIA major a cgroup may open.
+type Policy struct {
+	AllowAll bool
+	// GPUMinors are minors of the NVIDIA major, 0..253; sorted when returned.
+	GPUMinors []uint32
+}
+
+const policyAllowAll = 1 << 0
+
+// bitmap encodes the minors as the program reads them: bit n of word n/64.
+func (p Policy) bitmap() ([4]uint64, error) {
+	var b [4]uint64
+	for _, m := range p.GPUMinors {
+		if m > MaxGPUMinor {
+			return b, fmt.Errorf("GPU minor %d: larger than %d", m, MaxGPUMinor)
+		}
+		b[m/64] |= 1 << (m % 64)
+	}
+	return b, nil
+}
+
+func (p Policy) flags() uint32 {
+	if p.AllowAll {
+		return policyAllowAll
+	}
+	return 0
+}
+
+func policyFromBitmap(flags uint32, b [4]uint64) Policy {
+	p := Policy{AllowAll: flags&policyAllowAll != 0}
+	for w, word := range b {
+		for word != 0 {
+			bit := bits.TrailingZeros64(word)
+			p.GPUMinors = append(p.GPUMinors, uint32(w*64+bit))
+			word &^= 1 << bit
+		}
+	}
+	return p
+}
+
+// Access is the kernel's BPF_DEVCG_ACC_* bit set.
+type Access uint16
+
+// Access bits, as the kernel defines them.
+const (
+	AccessMknod Access = 1 << 0
+	AccessRead  Access = 1 << 1
+	AccessWrite Access = 1 << 2
+)
+
+// String lists the bits, like "read,write".
+func (a Access) String() string {
+	if a == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, n := range []struct {
+		bit  Access
+		name string
+	}{{AccessMknod, "mknod"}, {AccessRead, "read"}, {AccessWrite, "write"}} {
+		if a&n.bit != 0 {
+			parts = append(parts, n.name)
+			a &^= n.bit
+		}
+	}
+	if a != 0 {
+		parts = append(parts, fmt.Sprintf("%#x", uint16(a)))
+	}
+	return strings.Join(parts, ",")
+}
+
+// Decision is what the program decided for an access.
+type Decision uint8
+
+// Decisions, as the program reports them.
+const (
+	DecisionDenied  Decision = 1
+	DecisionAllowed Decision = 2
+)
+
+func (d Decision) String() string {
+	switch d {
+	case DecisionDenied:
+		return "denied"
+	case DecisionAllowed:
+		return "allowed"
+	}
+	return fmt.Sprintf("Decision(%d)", uint8(d))
+}
+
+// Event is one access reported by the program.
+type Event struct {
+	// CgroupID is the cgroup whose policy decided, or the step (else job)
+	// cgroup of the task when none matched.
+	CgroupID uint64
+	// Time is CLOCK_MONOTONIC (bpf_ktime_get_ns) at the access.
+	Time time.Duration
+	// PID is the thread id, TGID the process id.
+	PID, TGID, UID, GID uint32
+	Major, Minor        uint32
+	Access              Access
+	Decision            Decision
+	Comm                string
+}

@@ -1,0 +1,134 @@
+package devfilter
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestPolicyBitmap(t *testing.T) {
+	tests := []struct {
+		name    string
+		policy  Policy
+		want    [4]uint64
+		wantErr string
+	}{
+		{name: "none", policy: Policy{}, want: [4]uint64{}},
+		{name: "minor 0", policy: Policy{GPUMinors: []uint32{0}}, want: [4]uint64{1}},
+		{name: "word edges", policy: Policy{GPUMinors: []uint32{63, 64, 127, 128, 253}},
+			want: [4]uint64{1 << 63, 1 | 1<<63, 1, 1 << 61}},
+		{name: "duplicates", policy: Policy{GPUMinors: []uint32{3, 3, 1}}, want: [4]uint64{0b1010}},
+		{name: "modeset is not a GPU", policy: Policy{GPUMinors: []uint32{254}}, wantErr: "GPU minor 254"},
+		{name: "nvidiactl is not a GPU", policy: Policy{GPUMinors: []uint32{1, 255}}, wantErr: "GPU minor 255"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.policy.bitmap()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("bitmap() error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("bitmap(): %v", err)
+			}
+			if got != tt.want {
+				t.Fatalf("bitmap() = %#x, want %#x", got, tt.want)
+			}
+			back := policyFromBitmap(tt.policy.flags(), got)
+			wantMinors := slices.Compact(slices.Sorted(slices.Values(tt.policy.GPUMinors)))
+			if !slices.Equal(back.GPUMinors, wantMinors) || back.AllowAll != tt.policy.AllowAll {
+				t.Fatalf("round trip = %+v, want minors %v", back, wantMinors)
+			}
+		})
+	}
+}
+
+func TestPolicyAllowAllFlag(t *testing.T) {
+	p := Policy{AllowAll: true, GPUMinors: []uint32{2}}
+	b, err := p.bitmap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := policyFromBitmap(p.flags(), b)
+	if !back.AllowAll || !slices.Equal(back.GPUMinors, []uint32{2}) {
+		t.Fatalf("round trip = %+v, want AllowAll with minor 2", back)
+	}
+	if (Policy{}).flags() != 0 {
+		t.Fatal("flags of an empty policy are not 0")
+	}
+}
+
+func TestAccessString(t *testing.T) {
+	tests := []struct {
+		a    Access
+		want string
+	}{
+		{0, "none"},
+		{AccessMknod, "mknod"},
+		{AccessRead | AccessWrite, "read,write"},
+		{AccessMknod | AccessRead | AccessWrite, "mknod,read,write"},
+		{AccessWrite | 0x10, "write,0x10"},
+	}
+	for _, tt := range tests {
+		if got := tt.a.String(); got != tt.want {
+			t.Errorf("Access(%#x).String() = %q, want %q", uint16(tt.a), got, tt.want)
+		}
+	}
+}
+
+func TestDecisionString(t *testing.T) {
+	tests := []struct {
+		d    Decision
+		want string
+	}{
+		{DecisionDenied, "denied"},
+		{DecisionAllowed, "allowed"},
+		{0, "Decision(0)"},
+		{7, "Decision(7)"},
+	}
+	for _, tt := range tests {
+		if got := tt.d.String(); got != tt.want {
+			t.Errorf("Decision(%d).String() = %q, want %q", uint8(tt.d), got, tt.want)
+		}
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	tests := []struct {
+		name      string
+		opts      Options
+		wantMajor uint32
+		wantErr   string
+	}{
+		{name: "defaults", opts: Options{ScopeDir: "/sys/fs/cgroup/system.slice/x_slurmstepd.scope"}, wantMajor: 195},
+		{name: "scope", opts: Options{Mode: ModeScope, ScopeDir: "/sys/fs/cgroup/a", NvidiaMajor: 200}, wantMajor: 200},
+		{name: "per-cgroup needs no scope", opts: Options{Mode: ModePerCgroup}, wantMajor: 195},
+		{name: "unknown mode", opts: Options{Mode: "global", ScopeDir: "/a"}, wantErr: `Mode "global"`},
+		{name: "auto needs scope", opts: Options{}, wantErr: "ScopeDir is required"},
+		{name: "scope needs scope", opts: Options{Mode: ModeScope}, wantErr: "ScopeDir is required"},
+		{name: "relative scope", opts: Options{ScopeDir: "system.slice/x.scope"}, wantErr: "not an absolute path"},
+		{name: "major too large", opts: Options{ScopeDir: "/a", NvidiaMajor: 4096}, wantErr: "NvidiaMajor 4096"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.opts.validate()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("validate() error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("validate(): %v", err)
+			}
+			if got.NvidiaMajor != tt.wantMajor {
+				t.Errorf("NvidiaMajor = %d, want %d", got.NvidiaMajor, tt.wantMajor)
+			}
+			if got.Logger == nil {
+				t.Error("Logger not defaulted")
+			}
+		})
+	}
+}
