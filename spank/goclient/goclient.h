@@ -1,0 +1,62 @@
+/*
+ * The boundary between the C SPANK entry (spank_gpufence.so) and the Go
+ * client (spank_gpufence_go.so). The C side dlopen()s the Go library and
+ * looks these functions up by name; the Go side includes this header and
+ * a static assertion there fails its build if an exported function stops
+ * matching the type declared here.
+ *
+ * Strings are NUL-terminated and owned by the caller. A NULL string means
+ * "absent" (not sent to the agent), which is not the same as "". Every
+ * function fills err (always NUL-terminated, truncated to errlen) when it
+ * returns anything but GPUFENCE_OK.
+ */
+#ifndef GPUFENCE_GOCLIENT_H
+#define GPUFENCE_GOCLIENT_H
+
+#include <stdint.h>
+
+/* Bumped whenever a type below changes; the C side refuses a library that
+ * reports another value. */
+#define GPUFENCE_GO_ABI 1
+
+/* Return codes. */
+#define GPUFENCE_OK 0
+/* The agent answered with an error; err holds its text, meant for users. */
+#define GPUFENCE_E_REFUSED 1
+/* The agent could not be reached, or did not answer in time. */
+#define GPUFENCE_E_UNREACHABLE 2
+/* The arguments were unusable (for example more GPUs than fit in gpus). */
+#define GPUFENCE_E_INVALID 3
+
+/* Room the C side keeps for GPU indices and error texts. */
+#define GPUFENCE_MAX_GPUS 256
+#define GPUFENCE_ERR_LEN 512
+
+typedef int (*gpufence_abi_version_fn)(void);
+
+typedef int (*gpufence_job_prolog_fn)(char *socket, int timeout_ms,
+				      uint32_t job_id, uint32_t uid,
+				      char *job_gpus, char *err, int errlen);
+
+typedef int (*gpufence_job_epilog_fn)(char *socket, int timeout_ms,
+				      uint32_t job_id, char *err, int errlen);
+
+/*
+ * pids/npids: the task pids (npids may be 0). On GPUFENCE_OK, gpus[0..*ngpus)
+ * holds the global GPU indices the step may open, ascending, and
+ * *slurm_local_indices is 1 when Slurm already numbers CUDA_VISIBLE_DEVICES
+ * locally.
+ */
+typedef int (*gpufence_step_start_fn)(char *socket, int timeout_ms,
+				      uint32_t job_id, uint32_t step_id,
+				      uint32_t uid, char *step_gpus,
+				      int32_t *pids, int npids,
+				      uint32_t *gpus, int gpus_cap, int *ngpus,
+				      int *slurm_local_indices,
+				      char *err, int errlen);
+
+typedef int (*gpufence_step_end_fn)(char *socket, int timeout_ms,
+				    uint32_t job_id, uint32_t step_id,
+				    char *err, int errlen);
+
+#endif

@@ -1,0 +1,27 @@
+/* The plugin's arguments on its plugstack.conf line. */
+#ifndef GPUFENCE_ARGS_H
+#define GPUFENCE_ARGS_H
+
+#include <limits.h>
+#include <stddef.h>
+
+#define GF_DEFAULT_SOCKET "/run/gpufence/agent.sock"
+#define GF_DEFAULT_TIMEOUT_S 10
+#define GF_GOLIB_NAME "spank_gpufence_go.so"
+
+struct gf_config {
+	char socket[108]; /* sizeof(sockaddr_un.sun_path) */
+	int timeout_s;
+	char golib[PATH_MAX];
+};
+
+/*
+ * Fills cfg from the defaults and then av[0..ac): socket=PATH, timeout=SECONDS,
+ * golib=PATH. Returns 0, or -1 with a message for the administrator in err
+ * (naming the bad option) on an unknown key, a repeated key or a bad value.
+ * The default golib is spank_gpufence_go.so next to this plugin.
+ */
+int gf_config_parse(int ac, char **av, struct gf_config *cfg, char *err,
+		    size_t errlen);
+
+#endif

@@ -1,0 +1,224 @@
+/* slurmstepd (remote context): register the step, gate its tasks, renumber. */
+#include "remote.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <slurm/slurm.h>
+
+#include "args.h"
+#include "golib.h"
+#include "log.h"
+#include "renumber.h"
+
+#define ENV_LEN 4096
+
+/*
+ * What slurm_spank_init learned. Task children are forked after init and
+ * before task_post_fork, so they inherit this copy and read it in task_init.
+ */
+static struct {
+	bool have_config;
+	struct gf_config cfg;
+	bool registered; /* the agent answered StepStart in init */
+	struct gf_step_result res;
+	char reason[GPUFENCE_ERR_LEN]; /* why not, for the logs */
+} stash;
+
+static void step_name(uint32_t step_id, char *buf, size_t len)
+{
+	switch (step_id) {
+	case SLURM_BATCH_SCRIPT:
+		snprintf(buf, len, "batch");
+		break;
+	case SLURM_EXTERN_CONT:
+		snprintf(buf, len, "extern");
+		break;
+	case SLURM_INTERACTIVE_STEP:
+		snprintf(buf, len, "interactive");
+		break;
+	default:
+		snprintf(buf, len, "%u", step_id);
+	}
+}
+
+static int step_ids(spank_t sp, uint32_t *job_id, uint32_t *step_id,
+		    uint32_t *uid)
+{
+	uid_t u;
+
+	if (spank_get_item(sp, S_JOB_ID, job_id) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, step_id) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_UID, &u) != ESPANK_SUCCESS)
+		return -1;
+	*uid = (uint32_t)u;
+	return 0;
+}
+
+/* The variable from the step's environment, or NULL when unset. */
+static const char *job_env(spank_t sp, const char *name, char *buf, int len)
+{
+	spank_err_t rc = spank_getenv(sp, name, buf, len);
+
+	if (rc == ESPANK_SUCCESS)
+		return buf;
+	if (rc != ESPANK_ENV_NOEXIST)
+		gf_debug("cannot read %s from the step environment: %s", name,
+			 spank_strerror(rc));
+	return NULL;
+}
+
+int gf_remote_init(spank_t sp, int ac, char **av)
+{
+	uint32_t job_id, step_id, uid;
+	char env[ENV_LEN], step[32], msg[GPUFENCE_ERR_LEN * 2];
+	int rc;
+
+	/* Errors here do not reach srun: task_post_fork reports them. */
+	if (gf_config_parse(ac, av, &stash.cfg, stash.reason,
+			    sizeof(stash.reason))) {
+		gf_error("%s", stash.reason);
+		return 0;
+	}
+	stash.have_config = true;
+	if (step_ids(sp, &job_id, &step_id, &uid)) {
+		snprintf(stash.reason, sizeof(stash.reason),
+			 "cannot read the job id, step id or uid from Slurm");
+		gf_error("%s", stash.reason);
+		return 0;
+	}
+	step_name(step_id, step, sizeof(step));
+	rc = gf_go_step_start(&stash.cfg, job_id, step_id, uid,
+			      job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
+			      NULL, 0, &stash.res, stash.reason,
+			      sizeof(stash.reason));
+	if (rc != GPUFENCE_OK) {
+		gf_describe_failure(&stash.cfg, rc, stash.reason, msg,
+				    sizeof(msg));
+		gf_error("job %u step %s: %s; trying again when its tasks start",
+			 job_id, step, msg);
+		return 0;
+	}
+	stash.registered = true;
+	gf_debug("job %u step %s registered: %d GPUs%s", job_id, step,
+		 stash.res.ngpus,
+		 stash.res.slurm_local_indices ? ", Slurm numbers them" : "");
+	return 0;
+}
+
+int gf_remote_task_post_fork(spank_t sp)
+{
+	uint32_t job_id, step_id, uid;
+	pid_t pid;
+	int32_t pids[1];
+	struct gf_step_result res;
+	char env[ENV_LEN], step[32], reason[GPUFENCE_ERR_LEN],
+		msg[GPUFENCE_ERR_LEN * 2];
+	int rc;
+
+	/* The extern step calls this without a task: nothing to gate. */
+	if (spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS || pid <= 0)
+		return 0;
+	if (!stash.have_config) {
+		gf_error("%s; refusing to start the step without GPU isolation",
+			 stash.reason);
+		return -1;
+	}
+	if (step_ids(sp, &job_id, &step_id, &uid)) {
+		gf_error("cannot read the job id, step id or uid from Slurm; refusing to start the step without GPU isolation");
+		return -1;
+	}
+	step_name(step_id, step, sizeof(step));
+	pids[0] = (int32_t)pid;
+	rc = gf_go_step_start(&stash.cfg, job_id, step_id, uid,
+			      job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
+			      pids, 1, &res, reason, sizeof(reason));
+	if (rc != GPUFENCE_OK) {
+		gf_describe_failure(&stash.cfg, rc, reason, msg, sizeof(msg));
+		gf_error("%s; refusing to start job %u step %s without GPU isolation (ask the cluster administrators to check the gpufence agent on this node)",
+			 msg, job_id, step);
+		return -1;
+	}
+	return 0;
+}
+
+static void renumber_var(spank_t sp, const char *name, const uint32_t *gpus,
+			 int ngpus, int flags)
+{
+	char val[ENV_LEN], out[ENV_LEN];
+	spank_err_t err;
+
+	if (!job_env(sp, name, val, sizeof(val)))
+		return;
+	switch (gf_renumber(val, gpus, ngpus, flags, out, sizeof(out))) {
+	case GF_RENUMBER_SET:
+		if ((err = spank_setenv(sp, name, out, 1)) != ESPANK_SUCCESS)
+			gf_error("cannot set %s=%s: %s", name, out,
+				 spank_strerror(err));
+		break;
+	case GF_RENUMBER_ERROR:
+		gf_error("%s=%s left as it is: renumbered value too long", name,
+			 val);
+		break;
+	default:
+		break;
+	}
+}
+
+int gf_remote_task_init(spank_t sp)
+{
+	uint32_t env_gpus[GPUFENCE_MAX_GPUS];
+	const uint32_t *gpus = stash.res.gpus;
+	int ngpus = stash.res.ngpus;
+	int flags = 0;
+
+	if (stash.registered) {
+		if (stash.res.slurm_local_indices)
+			flags |= GF_RENUMBER_SLURM_LOCAL;
+	} else {
+		/*
+		 * Only task_post_fork reached the agent, and its answer stayed
+		 * in the parent. Fall back to the variable Slurm overwrites for
+		 * this kind of step; a forged value only misnumbers the user's
+		 * own view, the kernel still decides what opens.
+		 */
+		uint32_t job_id, step_id, uid;
+		char list[ENV_LEN];
+		const char *var, *val;
+
+		if (step_ids(sp, &job_id, &step_id, &uid))
+			return 0;
+		var = step_id == SLURM_BATCH_SCRIPT ? "SLURM_JOB_GPUS"
+						    : "SLURM_STEP_GPUS";
+		val = job_env(sp, var, list, sizeof(list));
+		ngpus = gf_parse_gpu_list(val ? val : "", env_gpus,
+					  GPUFENCE_MAX_GPUS);
+		if (ngpus < 0) {
+			gf_debug("%s=%s is not a GPU index list; GPU variables left as they are",
+				 var, val);
+			return 0;
+		}
+		gpus = env_gpus;
+		flags |= GF_RENUMBER_LIST_FROM_ENV;
+	}
+	renumber_var(sp, "CUDA_VISIBLE_DEVICES", gpus, ngpus, flags);
+	renumber_var(sp, "GPU_DEVICE_ORDINAL", gpus, ngpus, flags);
+	return 0;
+}
+
+int gf_remote_exit(spank_t sp)
+{
+	uint32_t job_id, step_id, uid;
+	char step[32], reason[GPUFENCE_ERR_LEN], msg[GPUFENCE_ERR_LEN * 2];
+	int rc;
+
+	if (!stash.have_config || step_ids(sp, &job_id, &step_id, &uid))
+		return 0;
+	step_name(step_id, step, sizeof(step));
+	rc = gf_go_step_end(&stash.cfg, job_id, step_id, reason, sizeof(reason));
+	if (rc != GPUFENCE_OK) {
+		gf_describe_failure(&stash.cfg, rc, reason, msg, sizeof(msg));
+		gf_error("job %u step %s end: %s", job_id, step, msg);
+	}
+	return 0;
+}
