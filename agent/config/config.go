@@ -1,0 +1,171 @@
+// Package config holds the agent's settings: documented defaults, then the
+// file (/etc/gpufence/agent.yaml), then command-line flags. Every field is
+// validated at start and an error names the field and the file.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// DefaultPath is where packages install the configuration file.
+const DefaultPath = "/etc/gpufence/agent.yaml"
+
+// Modes of attaching the device filter.
+const (
+	ModeAuto      = "auto"
+	ModeScope     = "scope"
+	ModePerCgroup = "per-cgroup"
+)
+
+// Config is the agent's configuration. The yaml names are the file's keys.
+type Config struct {
+	// Socket is the unix socket the SPANK plugin connects to.
+	Socket string `yaml:"socket"`
+	// SlurmConf is Slurm's slurm.conf; gres.conf and cgroup.conf are read
+	// from the same folder.
+	SlurmConf string `yaml:"slurm_conf"`
+	// NodeName is this node's name in gres.conf (slurmd's -N); default the
+	// short host name.
+	NodeName string `yaml:"node_name"`
+	// Scope is the cgroup directory of Slurm's slurmstepd scope; empty means
+	// found from the first step's own cgroup, or an existing
+	// system.slice/*slurmstepd.scope.
+	Scope string `yaml:"scope"`
+	// Mode is auto, scope (one filter on the scope, kernel >= 6.4) or
+	// per-cgroup (one filter per step cgroup, older kernels).
+	Mode string `yaml:"mode"`
+	// NvidiaMajor overrides the NVIDIA char major; 0 reads /proc/devices,
+	// falling back to 195.
+	NvidiaMajor uint32 `yaml:"nvidia_major"`
+	// ExemptCgroups are the scope's children that are not jobs and keep every
+	// device: Slurm parks new slurmstepds in "system" and, without systemd,
+	// moves slurmd into "slurmd" (both use NVML).
+	ExemptCgroups []string `yaml:"exempt_cgroups"`
+	// RequestTimeout bounds one plugin exchange inside the agent.
+	RequestTimeout Duration `yaml:"request_timeout"`
+	// ReconcileInterval is how often entries of vanished cgroups are removed.
+	ReconcileInterval Duration `yaml:"reconcile_interval"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log_level"`
+	// LogFormat is text or json.
+	LogFormat string `yaml:"log_format"`
+}
+
+// Duration is a time.Duration written as "5s" in the file.
+type Duration struct{ time.Duration }
+
+// UnmarshalYAML parses Go duration syntax.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration like 5s or 1m", n.Line, s)
+	}
+	d.Duration = v
+	return nil
+}
+
+// String renders the duration.
+func (d Duration) String() string { return d.Duration.String() }
+
+// Default returns the documented defaults.
+func Default() Config {
+	slurmConf := "/etc/slurm/slurm.conf"
+	if env := os.Getenv("SLURM_CONF"); env != "" {
+		slurmConf = env
+	}
+	host, _ := os.Hostname()
+	host, _, _ = strings.Cut(host, ".")
+	return Config{
+		Socket:            "/run/gpufence/agent.sock",
+		SlurmConf:         slurmConf,
+		NodeName:          host,
+		Mode:              ModeAuto,
+		ExemptCgroups:     []string{"system", "slurmd"},
+		RequestTimeout:    Duration{5 * time.Second},
+		ReconcileInterval: Duration{10 * time.Second},
+		LogLevel:          "info",
+		LogFormat:         "text",
+	}
+}
+
+// Load reads path over the defaults. A missing file at the default path is
+// not an error (defaults apply); a missing file that was asked for is.
+func Load(path string, explicit bool) (Config, error) {
+	c := Default()
+	data, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist) && !explicit:
+		return c, c.Validate("defaults")
+	case err != nil:
+		return c, fmt.Errorf("read config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, c.Validate(path)
+}
+
+// Validate checks every field; source names where the values came from.
+func (c Config) Validate(source string) error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s: %s", source, field, fmt.Sprintf(format, args...)))
+	}
+	if !filepath.IsAbs(c.Socket) {
+		bad("socket", "%q must be an absolute path", c.Socket)
+	}
+	if !filepath.IsAbs(c.SlurmConf) {
+		bad("slurm_conf", "%q must be an absolute path", c.SlurmConf)
+	}
+	if c.NodeName == "" {
+		bad("node_name", "empty, and the host name could not be read")
+	}
+	if c.Scope != "" && !filepath.IsAbs(c.Scope) {
+		bad("scope", "%q must be an absolute cgroup directory", c.Scope)
+	}
+	switch c.Mode {
+	case ModeAuto, ModeScope, ModePerCgroup:
+	default:
+		bad("mode", "%q is not one of auto, scope, per-cgroup", c.Mode)
+	}
+	if c.NvidiaMajor > 4095 {
+		bad("nvidia_major", "%d is not a valid char major", c.NvidiaMajor)
+	}
+	for _, e := range c.ExemptCgroups {
+		if e == "" || strings.ContainsRune(e, '/') || strings.HasPrefix(e, "job_") {
+			bad("exempt_cgroups", "%q must be a plain directory name that is not a job", e)
+		}
+	}
+	if c.RequestTimeout.Duration <= 0 || c.RequestTimeout.Duration > time.Minute {
+		bad("request_timeout", "%s must be above 0 and at most 1m", c.RequestTimeout)
+	}
+	if c.ReconcileInterval.Duration < time.Second {
+		bad("reconcile_interval", "%s must be at least 1s", c.ReconcileInterval)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		bad("log_format", "%q is not one of text, json", c.LogFormat)
+	}
+	return errors.Join(errs...)
+}

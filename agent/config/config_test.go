@@ -1,0 +1,69 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoad(t *testing.T) {
+	tests := []struct {
+		name    string
+		body    string
+		check   func(t *testing.T, c Config)
+		wantErr []string
+	}{
+		{name: "empty file keeps defaults", body: "", check: func(t *testing.T, c Config) {
+			if c.Socket != "/run/gpufence/agent.sock" || c.RequestTimeout.Duration != 5*time.Second || c.Mode != ModeAuto {
+				t.Errorf("defaults changed: %+v", c)
+			}
+		}},
+		{name: "values", body: "socket: /tmp/x.sock\nmode: per-cgroup\nrequest_timeout: 2s\nexempt_cgroups: [system]\n", check: func(t *testing.T, c Config) {
+			if c.Socket != "/tmp/x.sock" || c.Mode != ModePerCgroup || c.RequestTimeout.Duration != 2*time.Second || len(c.ExemptCgroups) != 1 {
+				t.Errorf("got %+v", c)
+			}
+		}},
+		{name: "unknown key named", body: "sockett: /x\n", wantErr: []string{"sockett"}},
+		{name: "bad mode named with file", body: "mode: magic\n", wantErr: []string{"mode", "magic", "agent.yaml"}},
+		{name: "bad duration", body: "request_timeout: soon\n", wantErr: []string{"soon"}},
+		{name: "relative socket", body: "socket: run/x.sock\n", wantErr: []string{"socket"}},
+		{name: "exempt job dir refused", body: "exempt_cgroups: [job_1]\n", wantErr: []string{"exempt_cgroups"}},
+		{name: "two errors at once", body: "log_level: loud\nlog_format: xml\n", wantErr: []string{"log_level", "log_format"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "agent.yaml")
+			if err := os.WriteFile(p, []byte(tt.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c, err := Load(p, true)
+			if len(tt.wantErr) > 0 {
+				if err == nil {
+					t.Fatal("no error")
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not name %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestLoadMissing(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "none.yaml")
+	if _, err := Load(p, false); err != nil {
+		t.Errorf("missing default file: %v", err)
+	}
+	if _, err := Load(p, true); err == nil {
+		t.Error("missing explicit file gave no error")
+	}
+}

@@ -1,0 +1,458 @@
+// Package daemon is the gpufence node agent: it answers the SPANK plugin,
+// keeps each job's trusted GPU list from its prolog, and writes one policy per
+// step cgroup into the kernel's device filter.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/devices"
+	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/agent/policy"
+	"github.com/gpufence/gpufence/agent/server"
+	"github.com/gpufence/gpufence/agent/slurm"
+	"github.com/gpufence/gpufence/agent/version"
+	"github.com/gpufence/gpufence/bpf/devfilter"
+	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
+)
+
+// Log attribute keys (STYLE.md: constant keys).
+const (
+	keyJob    = "job_id"
+	keyStep   = "step_id"
+	keyUID    = "uid"
+	keyGPU    = "gpu"
+	keyCgroup = "cgroup"
+)
+
+// Filter is the kernel device filter as the daemon uses it; *devfilter.Filter
+// implements it.
+type Filter interface {
+	Mode() devfilter.Mode
+	Set(cg devfilter.Cgroup, p devfilter.Policy) error
+	Remove(cg devfilter.Cgroup) error
+	ReadEvent() (devfilter.Event, error)
+	Close() error
+}
+
+// FilterFactory attaches a filter on Slurm's slurmstepd scope directory.
+type FilterFactory func(scope string) (Filter, error)
+
+// NewKernelFilter is the FilterFactory for the real kernel filter.
+func NewKernelFilter(mode devfilter.Mode, nvidiaMajor uint32, log *slog.Logger) FilterFactory {
+	return func(scope string) (Filter, error) {
+		return devfilter.New(devfilter.Options{Mode: mode, ScopeDir: scope, NvidiaMajor: nvidiaMajor, Logger: log})
+	}
+}
+
+// Daemon holds the agent's state; Handle is safe for concurrent use.
+type Daemon struct {
+	cfg       config.Config
+	log       *slog.Logger
+	mount     string
+	gpus      map[int]devices.GPU
+	byMinor   map[uint32]int
+	newFilter FilterFactory
+	settings  settingsCache
+
+	mu      sync.Mutex
+	filter  Filter
+	scope   string
+	jobs    map[uint32]*job
+	owners  map[uint64]owner
+	exempts map[string]devfilter.Cgroup
+	events  sync.WaitGroup
+}
+
+// New builds the daemon: it reads Slurm's GPU table and device numbers, and
+// attaches the filter at once when Slurm's scope already exists.
+func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMajor uint32) (*Daemon, error) {
+	mount, err := jobcgroup.Mountpoint()
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{
+		cfg: cfg, log: log.With("component", "agent"), mount: mount, newFilter: newFilter,
+		gpus: map[int]devices.GPU{}, byMinor: map[uint32]int{},
+		jobs: map[uint32]*job{}, owners: map[uint64]owner{}, exempts: map[string]devfilter.Cgroup{},
+		settings: settingsCache{path: cfg.SlurmConf},
+	}
+	st, err := d.settings.get()
+	if err != nil {
+		return nil, err
+	}
+	table, err := slurm.ReadGresGPUs(st.GresConf, cfg.NodeName)
+	switch {
+	case errors.Is(err, slurm.ErrNoGPUs):
+		d.log.Warn("no GPU configured for this node in gres.conf; every job gets no GPU", "gres_conf", st.GresConf, "node", cfg.NodeName)
+	case err != nil:
+		return nil, err
+	}
+	resolved, err := devices.Resolve(table, nvidiaMajor)
+	if err != nil {
+		return nil, fmt.Errorf("GPU table from %s: %w", st.GresConf, err)
+	}
+	for _, g := range resolved {
+		d.gpus[g.Index] = g
+		d.byMinor[g.Minor] = g.Index
+		d.log.Info("gpu", keyGPU, g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor))
+	}
+	if scope := d.findScope(); scope != "" {
+		d.mu.Lock()
+		err := d.attachLocked(scope)
+		d.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		d.log.Info("Slurm's slurmstepd scope does not exist yet; the filter is attached when the first step registers", "cgroup_mount", mount)
+	}
+	return d, nil
+}
+
+// findScope returns the configured scope, or the single existing
+// slurmstepd scope (this node's own when several exist).
+func (d *Daemon) findScope() string {
+	if d.cfg.Scope != "" {
+		if _, err := os.Stat(d.cfg.Scope); err == nil {
+			return d.cfg.Scope
+		}
+		return ""
+	}
+	own := filepath.Join(d.mount, "system.slice", d.cfg.NodeName+"_slurmstepd.scope")
+	if _, err := os.Stat(own); err == nil {
+		return own
+	}
+	matches, _ := filepath.Glob(filepath.Join(d.mount, "system.slice", "*slurmstepd.scope"))
+	if len(matches) == 1 {
+		return matches[0]
+	}
+	return ""
+}
+
+// attachLocked attaches the filter on scope, once. d.mu is held.
+func (d *Daemon) attachLocked(scope string) error {
+	if d.filter != nil {
+		if d.scope != scope {
+			return fmt.Errorf("step is under scope %s but the device filter is attached to %s", scope, d.scope)
+		}
+		return nil
+	}
+	f, err := d.newFilter(scope)
+	if err != nil {
+		return fmt.Errorf("attach device filter to %s: %w", scope, err)
+	}
+	d.filter, d.scope = f, scope
+	d.log.Info("device filter attached", keyCgroup, scope, "mode", f.Mode())
+	d.events.Add(1)
+	go d.readEvents(f)
+	d.refreshExemptLocked()
+	return nil
+}
+
+// refreshExemptLocked keeps an allow-all entry for each exempt child of the
+// scope (slurmd, system) and drops entries of ones that vanished.
+func (d *Daemon) refreshExemptLocked() {
+	if d.filter == nil || d.filter.Mode() == devfilter.ModePerCgroup {
+		return
+	}
+	for _, name := range d.cfg.ExemptCgroups {
+		dir := filepath.Join(d.scope, name)
+		id, err := jobcgroup.ID(dir)
+		old, had := d.exempts[name]
+		if had && (err != nil || id != old.ID) {
+			if err := d.filter.Remove(old); err != nil {
+				d.log.Error("remove exempt entry", keyCgroup, old.Path, "err", err)
+			}
+			delete(d.exempts, name)
+			delete(d.owners, old.ID)
+			had = false
+		}
+		if err != nil || had {
+			continue
+		}
+		cg := devfilter.Cgroup{ID: id, Path: dir}
+		if err := d.filter.Set(cg, devfilter.Policy{AllowAll: true}); err != nil {
+			d.log.Error("set exempt entry", keyCgroup, dir, "err", err)
+			continue
+		}
+		d.exempts[name] = cg
+		d.owners[id] = owner{exempt: name}
+		d.log.Info("exempt cgroup keeps all devices", keyCgroup, dir)
+	}
+}
+
+// Handle answers one plugin request.
+func (d *Daemon) Handle(_ context.Context, peer server.Peer, req *pb.Request) *pb.Response {
+	var resp *pb.Response
+	var err error
+	switch m := req.Msg.(type) {
+	case *pb.Request_JobProlog:
+		err = d.jobProlog(m.JobProlog)
+		resp = &pb.Response{}
+	case *pb.Request_StepStart:
+		resp, err = d.stepStart(peer, m.StepStart)
+	case *pb.Request_StepEnd:
+		d.stepEnd(m.StepEnd.GetJobId(), m.StepEnd.GetStepId())
+		resp = &pb.Response{}
+	case *pb.Request_JobEpilog:
+		d.jobEpilog(m.JobEpilog.GetJobId())
+		resp = &pb.Response{}
+	default:
+		err = errors.New("empty or unknown request (plugin newer than agent?)")
+	}
+	if err != nil {
+		return &pb.Response{Error: err.Error()}
+	}
+	return resp
+}
+
+func (d *Daemon) jobProlog(m *pb.JobProlog) error {
+	j := &job{Job: policy.Job{ID: m.GetJobId(), UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}}
+	log := d.log.With(keyJob, j.ID, keyUID, j.UID)
+	if m.JobGpus != nil {
+		gpus, err := policy.ParseGPUList(m.GetJobGpus())
+		if err != nil {
+			j.broken = fmt.Sprintf("job %d: SLURM_JOB_GPUS from the job prolog: %v", j.ID, err)
+		}
+		for _, g := range gpus {
+			if _, ok := d.gpus[g]; !ok {
+				j.broken = fmt.Sprintf("job %d was given GPU %d, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", j.ID, g)
+			}
+		}
+		if j.broken == "" {
+			j.GPUs = gpus
+		}
+	}
+	d.mu.Lock()
+	if old, ok := d.jobs[j.ID]; ok {
+		// A requeued job runs its prolog again; keep its live steps.
+		j.steps = old.steps
+	}
+	d.jobs[j.ID] = j
+	d.mu.Unlock()
+	if j.broken != "" {
+		log.Error("job prolog recorded with an unusable GPU list; its GPU steps will be refused", "reason", j.broken)
+		return nil
+	}
+	log.Info("job prolog recorded", "gpus", policy.FormatGPUList(j.GPUs))
+	return nil
+}
+
+func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, error) {
+	jobID, stepID := m.GetJobId(), m.GetStepId()
+	name := fmt.Sprintf("%d.%s", jobID, policy.StepName(stepID))
+	log := d.log.With(keyJob, jobID, keyStep, policy.StepName(stepID), keyUID, m.GetUid())
+
+	// Where the step lives: from slurmstepd's own cgroup, and every task pid
+	// must be in the same step.
+	loc, err := jobcgroup.ForPID(d.mount, peer.PID, d.cfg.Scope)
+	if err != nil {
+		return nil, fmt.Errorf("step %s: cannot place slurmstepd in Slurm's cgroup tree (%v); gpufence needs CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup", name, err)
+	}
+	for _, pid := range m.GetTaskPids() {
+		tl, err := jobcgroup.ForPID(d.mount, int(pid), d.cfg.Scope)
+		if err != nil {
+			return nil, fmt.Errorf("step %s: task pid %d: %v", name, pid, err)
+		}
+		if tl.Step != loc.Step {
+			return nil, fmt.Errorf("step %s: task pid %d is in %s, not in its step's cgroup %s", name, pid, tl.Step, loc.Step)
+		}
+	}
+	cgID, err := jobcgroup.ID(loc.Step)
+	if err != nil {
+		return nil, fmt.Errorf("step %s: %v", name, err)
+	}
+	cg := devfilter.Cgroup{ID: cgID, Path: loc.Step}
+	st, err := d.settings.get()
+	if err != nil {
+		return nil, fmt.Errorf("step %s: %v", name, err)
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.attachLocked(loc.Scope); err != nil {
+		return nil, fmt.Errorf("step %s: %v", name, err)
+	}
+	j := d.jobs[jobID]
+	var pj *policy.Job
+	if j != nil {
+		if j.UID != m.GetUid() {
+			return nil, fmt.Errorf("step %s runs as uid %d but the job's prolog recorded uid %d", name, m.GetUid(), j.UID)
+		}
+		if j.broken != "" {
+			return nil, errors.New(j.broken)
+		}
+		if !j.noProlog {
+			pj = &j.Job
+		}
+	}
+	dec, err := policy.ForStep(pj, jobID, stepID, m.StepGpus)
+	if err != nil {
+		return nil, err
+	}
+	if dec.Note != "" {
+		log.Warn(dec.Note)
+	}
+	p := devfilter.Policy{GPUMinors: make([]uint32, 0, len(dec.GPUs))}
+	for _, g := range dec.GPUs {
+		p.GPUMinors = append(p.GPUMinors, d.gpus[g].Minor)
+	}
+	if j != nil {
+		if prev := j.steps[stepID]; prev != nil && prev.cg.ID == cg.ID && slices.Equal(prev.gpus, dec.GPUs) {
+			return d.stepResponse(dec.GPUs, st), nil
+		}
+	}
+	if err := d.filter.Set(cg, p); err != nil {
+		return nil, fmt.Errorf("step %s: cannot install its GPU policy: %v", name, err)
+	}
+	if j == nil {
+		// No prolog (CPU-only use only, see policy.ForStep): keep a record
+		// so the step's entry is removed when it ends.
+		j = &job{Job: policy.Job{ID: jobID, UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}, noProlog: true}
+		d.jobs[jobID] = j
+	}
+	j.steps[stepID] = &step{jobID: jobID, stepID: stepID, uid: m.GetUid(), cg: cg, gpus: dec.GPUs}
+	d.owners[cg.ID] = owner{jobID: jobID, stepID: stepID, uid: m.GetUid()}
+	log.Info("step policy applied", "gpus", policy.FormatGPUList(dec.GPUs), keyCgroup, cg.Path)
+	return d.stepResponse(dec.GPUs, st), nil
+}
+
+func (d *Daemon) stepResponse(gpus []int, st slurm.Settings) *pb.Response {
+	r := &pb.Response{SlurmLocalIndices: st.LocalGPUIndices()}
+	for _, g := range gpus {
+		r.Gpus = append(r.Gpus, uint32(g))
+	}
+	return r
+}
+
+func (d *Daemon) stepEnd(jobID, stepID uint32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j := d.jobs[jobID]
+	if j == nil || j.steps[stepID] == nil {
+		return
+	}
+	d.removeStepLocked(j, j.steps[stepID], "step ended")
+}
+
+func (d *Daemon) jobEpilog(jobID uint32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j := d.jobs[jobID]
+	if j == nil {
+		return
+	}
+	for _, s := range j.steps {
+		d.removeStepLocked(j, s, "job ended")
+	}
+	delete(d.jobs, jobID)
+	d.log.Info("job released", keyJob, jobID)
+}
+
+func (d *Daemon) removeStepLocked(j *job, s *step, why string) {
+	if d.filter != nil {
+		if err := d.filter.Remove(s.cg); err != nil {
+			d.log.Error("remove step policy", keyJob, s.jobID, keyStep, policy.StepName(s.stepID), keyCgroup, s.cg.Path, "err", err)
+		}
+	}
+	delete(j.steps, s.stepID)
+	delete(d.owners, s.cg.ID)
+	d.log.Info("step policy removed", keyJob, s.jobID, keyStep, policy.StepName(s.stepID), "reason", why)
+}
+
+// Reconcile removes the entries of step cgroups that no longer exist (a
+// slurmstepd that died without its exit callback) and refreshes the exempt
+// entries.
+func (d *Daemon) Reconcile() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, j := range d.jobs {
+		for _, s := range j.steps {
+			if id, err := jobcgroup.ID(s.cg.Path); err != nil || id != s.cg.ID {
+				d.removeStepLocked(j, s, "step cgroup vanished")
+			}
+		}
+	}
+	if d.filter == nil {
+		if scope := d.findScope(); scope != "" {
+			if err := d.attachLocked(scope); err != nil {
+				d.log.Error("attach device filter", "err", err)
+			}
+		}
+		return
+	}
+	d.refreshExemptLocked()
+}
+
+// Run reconciles periodically until ctx ends, then detaches the filter.
+func (d *Daemon) Run(ctx context.Context) error {
+	t := time.NewTicker(d.cfg.ReconcileInterval.Duration)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return d.Close()
+		case <-t.C:
+			d.Reconcile()
+		}
+	}
+}
+
+// Close detaches the filter and waits for the event reader.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	f := d.filter
+	d.filter = nil
+	d.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	err := f.Close()
+	d.events.Wait()
+	return err
+}
+
+// readEvents logs each access the kernel denied, attributed to its job.
+func (d *Daemon) readEvents(f Filter) {
+	defer d.events.Done()
+	for {
+		ev, err := f.ReadEvent()
+		if err != nil {
+			if !errors.Is(err, devfilter.ErrClosed) {
+				d.log.Error("device filter event reader stopped", "err", err)
+			}
+			return
+		}
+		d.mu.Lock()
+		o, known := d.owners[ev.CgroupID]
+		gpu, isGPU := d.byMinor[ev.Minor]
+		d.mu.Unlock()
+		attrs := []any{
+			"decision", ev.Decision.String(), "pid", ev.TGID, "comm", ev.Comm, keyUID, ev.UID,
+			"device", fmt.Sprintf("%d:%d", ev.Major, ev.Minor), "access", ev.Access.String(), "cgroup_id", ev.CgroupID,
+		}
+		if isGPU {
+			attrs = append(attrs, keyGPU, gpu)
+		}
+		switch {
+		case known && o.exempt == "":
+			attrs = append(attrs, keyJob, o.jobID, keyStep, policy.StepName(o.stepID))
+		case !known:
+			attrs = append(attrs, "note", "cgroup has no policy entry (job without a registered step)")
+		}
+		d.log.Warn("GPU access denied", attrs...)
+	}
+}
+
+// Version is logged at start.
+func Version() string { return version.Version }

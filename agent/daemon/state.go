@@ -1,0 +1,32 @@
+package daemon
+
+import (
+	"github.com/gpufence/gpufence/agent/policy"
+	"github.com/gpufence/gpufence/bpf/devfilter"
+)
+
+// job is the agent's record of one job on this node.
+type job struct {
+	policy.Job
+	// broken, when set, is why the job's trusted list could not be used;
+	// every GPU step of the job is refused with it (fail closed).
+	broken string
+	// noProlog marks a record made for a step whose job never sent a
+	// prolog; it carries no trusted list.
+	noProlog bool
+	steps    map[uint32]*step
+}
+
+// step is one registered step and the cgroup its policy is keyed by.
+type step struct {
+	jobID, stepID uint32
+	uid           uint32
+	cg            devfilter.Cgroup
+	gpus          []int
+}
+
+// owner is what a cgroup id stands for, for attributing kernel events.
+type owner struct {
+	jobID, stepID, uid uint32
+	exempt             string
+}

@@ -1,0 +1,132 @@
+// Package policy decides which GPUs a job step may open. It is pure: no
+// kernel, no files. The job prolog's list, which slurmd takes from the signed
+// job credential, is the ceiling; a step can only narrow it.
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Slurm's special step ids (slurm.h).
+const (
+	InteractiveStep uint32 = 0xfffffffa
+	BatchStep       uint32 = 0xfffffffb
+	ExternStep      uint32 = 0xfffffffc
+)
+
+// maxGPUIndex bounds what a GPU list may name; a node has far fewer GPUs.
+const maxGPUIndex = 1023
+
+// StepName renders a step id the way Slurm prints it.
+func StepName(step uint32) string {
+	switch step {
+	case InteractiveStep:
+		return "interactive"
+	case BatchStep:
+		return "batch"
+	case ExternStep:
+		return "extern"
+	}
+	return strconv.FormatUint(uint64(step), 10)
+}
+
+// WholeJobStep reports whether a step gets all of the job's GPUs on the node.
+// Slurm gives the batch, extern and interactive steps the job's whole
+// allocation; their SLURM_STEP_GPUS is not set by Slurm, so a value there came
+// from the user and is ignored.
+func WholeJobStep(step uint32) bool {
+	return step == BatchStep || step == ExternStep || step == InteractiveStep
+}
+
+// ParseGPUList parses a Slurm GPU index list such as "0,2" or "0-3,6"
+// into ascending, de-duplicated indices. The empty string is the empty list.
+func ParseGPUList(s string) ([]int, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return []int{}, nil
+	}
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		if !isRange {
+			hi = lo
+		}
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if err1 != nil || err2 != nil || a < 0 || b < a || b > maxGPUIndex {
+			return nil, fmt.Errorf("bad GPU index %q in %q", part, s)
+		}
+		for i := a; i <= b; i++ {
+			out = append(out, i)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// FormatGPUList renders indices as Slurm does ("0,2").
+func FormatGPUList(gpus []int) string {
+	parts := make([]string, len(gpus))
+	for i, g := range gpus {
+		parts[i] = strconv.Itoa(g)
+	}
+	return strings.Join(parts, ",")
+}
+
+// Job is what the agent knows of a job on this node from its prolog.
+type Job struct {
+	ID   uint32
+	UID  uint32
+	GPUs []int // the trusted ceiling, ascending
+}
+
+// Decision is the outcome for one step.
+type Decision struct {
+	GPUs []int
+	// Note explains a narrowing the agent applied on its own (a forged or
+	// inconsistent request); it is logged, not shown to the user.
+	Note string
+}
+
+// ForStep decides the GPUs of step stepID of job (nil when no prolog was
+// recorded). stepGPUs is SLURM_STEP_GPUS from the step's environment, nil when
+// unset. The error text is shown to the user by Slurm.
+func ForStep(job *Job, jobID, stepID uint32, stepGPUs *string) (Decision, error) {
+	var requested []int
+	if !WholeJobStep(stepID) && stepGPUs != nil {
+		var err error
+		if requested, err = ParseGPUList(*stepGPUs); err != nil {
+			return Decision{}, fmt.Errorf("SLURM_STEP_GPUS of step %d.%s: %w", jobID, StepName(stepID), err)
+		}
+	}
+	if job == nil {
+		if len(requested) > 0 {
+			return Decision{}, fmt.Errorf("job %d has no trusted GPU list on this node (its job prolog never reached the gpufence agent: was the agent down when the job started, or slurmd not restarted after gpufence was installed?); refusing to start a GPU step", jobID)
+		}
+		return Decision{GPUs: []int{}, Note: noProlog(jobID)}, nil
+	}
+	if WholeJobStep(stepID) {
+		return Decision{GPUs: slices.Clone(job.GPUs)}, nil
+	}
+	var d Decision
+	d.GPUs = []int{}
+	var outside []int
+	for _, g := range requested {
+		if slices.Contains(job.GPUs, g) {
+			d.GPUs = append(d.GPUs, g)
+		} else {
+			outside = append(outside, g)
+		}
+	}
+	if len(outside) > 0 {
+		d.Note = fmt.Sprintf("step asked for GPUs %s outside the job's trusted list %q; they stay denied", FormatGPUList(outside), FormatGPUList(job.GPUs))
+	}
+	return d, nil
+}
+
+func noProlog(jobID uint32) string {
+	return fmt.Sprintf("job %d has no prolog record on this node; the step gets no GPU", jobID)
+}

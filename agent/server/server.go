@@ -1,0 +1,160 @@
+// Package server accepts the SPANK plugin's connections on the agent's unix
+// socket: root peers only (SO_PEERCRED), one size-capped, time-limited request
+// and answer per connection.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
+	"github.com/gpufence/gpufence/proto/wire"
+)
+
+// Peer is the connecting process as the kernel reports it.
+type Peer struct {
+	PID int
+	UID uint32
+	GID uint32
+}
+
+// Handler answers one request. The Response's Error is shown to the user.
+type Handler interface {
+	Handle(ctx context.Context, peer Peer, req *pb.Request) *pb.Response
+}
+
+// Listen creates the socket at path, mode 0600 owned by root. A stale socket
+// left by a dead agent is replaced; a live one is an error, so two agents never
+// fight over one node.
+func Listen(path string) (*net.UnixListener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("another agent is already listening on %s", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	// The umask keeps the socket private from its first moment; the
+	// SO_PEERCRED check below guards even if the mode were changed later.
+	old := syscall.Umask(0o177)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// Server serves one listener.
+type Server struct {
+	ln      *net.UnixListener
+	h       Handler
+	log     *slog.Logger
+	timeout time.Duration
+	wg      sync.WaitGroup
+}
+
+// New returns a server; timeout bounds reading a request and writing its
+// answer (the handler's own work is bounded by the context it gets).
+func New(ln *net.UnixListener, h Handler, log *slog.Logger, timeout time.Duration) *Server {
+	return &Server{ln: ln, h: h, log: log.With("component", "server"), timeout: timeout}
+}
+
+// Serve accepts until ctx ends, then waits for open exchanges.
+func (s *Server) Serve(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
+	defer stop()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.wg.Wait()
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(ctx, c)
+		}()
+	}
+}
+
+func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
+	conn := wire.NewConn(c)
+	defer conn.Close()
+	peer, err := peerOf(c)
+	if err != nil {
+		s.log.Error("cannot read peer credentials; closing", "err", err)
+		return
+	}
+	log := s.log.With("peer_pid", peer.PID, "peer_uid", peer.UID)
+	// The request is read (size-capped, time-limited) before the peer is
+	// judged, so that a refused client gets the reason instead of a broken
+	// pipe; nothing of it is acted on unless the peer is root.
+	req := &pb.Request{}
+	if err := conn.Read(req, time.Now().Add(s.timeout)); err != nil {
+		if !errors.Is(err, io.EOF) {
+			log.Warn("bad request", "err", err)
+			_ = conn.Write(&pb.Response{Error: "bad request: " + err.Error()}, time.Now().Add(s.timeout))
+		}
+		return
+	}
+	var resp *pb.Response
+	if peer.UID != 0 {
+		log.Warn("refused request from non-root peer")
+		resp = &pb.Response{Error: "permission denied: only root may talk to the gpufence agent"}
+	} else if req.GetVersion() != pb.ProtocolVersion_PROTOCOL_VERSION_1 {
+		resp = &pb.Response{Error: fmt.Sprintf("protocol version %d is not supported by this agent (it speaks version %d); install matching gpufence plugin and agent versions",
+			req.GetVersion(), pb.ProtocolVersion_PROTOCOL_VERSION_1)}
+	} else {
+		hctx, cancel := context.WithTimeout(ctx, s.timeout)
+		resp = s.h.Handle(hctx, peer, req)
+		cancel()
+	}
+	if err := conn.Write(resp, time.Now().Add(s.timeout)); err != nil {
+		log.Warn("cannot send answer", "err", err)
+	}
+}
+
+func peerOf(c *net.UnixConn) (Peer, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return Peer{}, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return Peer{}, err
+	}
+	if credErr != nil {
+		return Peer{}, credErr
+	}
+	return Peer{PID: int(cred.Pid), UID: cred.Uid, GID: cred.Gid}, nil
+}

@@ -1,0 +1,189 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/gpufence/gpufence/proto/agentclient"
+	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
+)
+
+type echo struct{ peers chan Peer }
+
+func (e echo) Handle(_ context.Context, p Peer, r *pb.Request) *pb.Response {
+	e.peers <- p
+	if r.GetJobEpilog().GetJobId() == 13 {
+		return &pb.Response{Error: "unlucky job"}
+	}
+	return &pb.Response{Gpus: []uint32{r.GetStepStart().GetJobId()}}
+}
+
+func start(t *testing.T) (string, chan Peer) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := make(chan Peer, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := New(ln, echo{peers}, slog.New(slog.NewTextHandler(io.Discard, nil)), 500*time.Millisecond)
+	done := make(chan error)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return sock, peers
+}
+
+func TestExchange(t *testing.T) {
+	sock, peers := start(t)
+	fi, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v, want 0600", fi.Mode().Perm())
+	}
+	resp, err := agentclient.Call(sock, &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{JobId: 42}}}, time.Second)
+	if err != nil || len(resp.Gpus) != 1 || resp.Gpus[0] != 42 {
+		t.Fatalf("got %v, %v", resp, err)
+	}
+	if p := <-peers; p.PID != os.Getpid() || p.UID != uint32(os.Geteuid()) {
+		t.Errorf("peer %+v, want pid %d", p, os.Getpid())
+	}
+	_, err = agentclient.Call(sock, &pb.Request{Msg: &pb.Request_JobEpilog{JobEpilog: &pb.JobEpilog{JobId: 13}}}, time.Second)
+	if !errors.Is(err, agentclient.ErrAgent) || !strings.Contains(err.Error(), "unlucky job") {
+		t.Errorf("refusal: %v", err)
+	}
+}
+
+func TestListenRefusesLiveSocket(t *testing.T) {
+	sock, _ := start(t)
+	if _, err := Listen(sock); err == nil || !strings.Contains(err.Error(), "already listening") {
+		t.Errorf("second Listen: %v", err)
+	}
+}
+
+func TestListenReplacesStaleSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	ln2, err := Listen(sock)
+	if err != nil {
+		t.Fatalf("stale socket not replaced: %v", err)
+	}
+	ln2.Close()
+}
+
+func TestBadInput(t *testing.T) {
+	sock, _ := start(t)
+	dial := func() net.Conn {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	readErr := func(c net.Conn) string {
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+
+	// A frame announcing 1 MiB is refused without reading it.
+	c := dial()
+	c.Write(protowire.AppendVarint(nil, 1<<20))
+	if got := readErr(c); !strings.Contains(got, "size cap") {
+		t.Errorf("oversized frame answer %q", got)
+	}
+	c.Close()
+
+	// A client that never sends is cut off after the timeout.
+	c = dial()
+	t0 := time.Now()
+	got := readErr(c)
+	if d := time.Since(t0); d > 1500*time.Millisecond {
+		t.Errorf("silent client held the server for %v", d)
+	}
+	if !strings.Contains(got, "timeout") {
+		t.Errorf("silent client answer %q", got)
+	}
+	c.Close()
+
+	// Unknown protocol version.
+	_, err := agentclient.Call(sock, &pb.Request{Version: 9, Msg: &pb.Request_JobEpilog{JobEpilog: &pb.JobEpilog{}}}, time.Second)
+	if err == nil || !strings.Contains(err.Error(), "protocol version 9") {
+		t.Errorf("version 9: %v", err)
+	}
+}
+
+// TestPrivilegedNonRootPeerRefused shows SO_PEERCRED guards the agent even if
+// the socket's mode were opened up: a process running as nobody is refused.
+func TestPrivilegedNonRootPeerRefused(t *testing.T) {
+	if os.Getenv("GPUFENCE_TEST_DIAL") != "" {
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as another user")
+	}
+	sock, peers := start(t)
+	// Both the socket and a copy of this test binary must be reachable by
+	// nobody; t.TempDir's folders are private.
+	for d := filepath.Dir(sock); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	os.Chmod(sock, 0o666)
+	bin := filepath.Join(filepath.Dir(sock), "server.test")
+	data, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^TestDialHelper$")
+	cmd.Env = append(os.Environ(), "GPUFENCE_TEST_DIAL="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "only root may talk to the gpufence agent") {
+		t.Errorf("non-root client was not refused: %s", out)
+	}
+	select {
+	case p := <-peers:
+		t.Errorf("handler ran for non-root peer %+v", p)
+	default:
+	}
+}
+
+func TestDialHelper(t *testing.T) {
+	sock := os.Getenv("GPUFENCE_TEST_DIAL")
+	if sock == "" {
+		t.Skip("helper for TestPrivilegedNonRootPeerRefused")
+	}
+	_, err := agentclient.Call(sock, &pb.Request{Msg: &pb.Request_JobEpilog{JobEpilog: &pb.JobEpilog{JobId: 1}}}, time.Second)
+	t.Logf("uid %d: %v", os.Getuid(), err)
+	os.Stdout.WriteString(err.Error() + "\n")
+}

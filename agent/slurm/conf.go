@@ -1,0 +1,172 @@
+// Package slurm reads what gpufence needs from Slurm's own configuration on a
+// node: the task plugins and ConstrainDevices (which decide how Slurm numbers
+// CUDA_VISIBLE_DEVICES) and the node's GPU table from gres.conf.
+package slurm
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Line is one configuration line split into key=value pairs; keys keep their
+// spelling, lookups ignore case as Slurm does.
+type Line struct {
+	File  string
+	No    int
+	Pairs [][2]string
+}
+
+// Get returns the value of key on this line.
+func (l Line) Get(key string) (string, bool) {
+	for _, p := range l.Pairs {
+		if strings.EqualFold(p[0], key) {
+			return p[1], true
+		}
+	}
+	return "", false
+}
+
+const maxIncludeDepth = 8
+
+// ReadLines parses a Slurm-style configuration file, following `include`
+// lines (relative paths are relative to the including file's folder, as Slurm
+// resolves them against the configuration directory).
+func ReadLines(path string) ([]Line, error) {
+	return readLines(path, 0)
+}
+
+func readLines(path string, depth int) ([]Line, error) {
+	if depth > maxIncludeDepth {
+		return nil, fmt.Errorf("%s: includes nested deeper than %d", path, maxIncludeDepth)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var lines []Line
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	no := 0
+	for sc.Scan() {
+		no++
+		text := sc.Text()
+		if i := strings.IndexByte(text, '#'); i >= 0 {
+			text = text[:i]
+		}
+		text = strings.TrimSpace(text)
+		if text == "" {
+			continue
+		}
+		if fields := strings.Fields(text); strings.EqualFold(fields[0], "include") {
+			if len(fields) != 2 {
+				return nil, fmt.Errorf("%s:%d: include needs exactly one path", path, no)
+			}
+			inc := fields[1]
+			if !filepath.IsAbs(inc) {
+				inc = filepath.Join(filepath.Dir(path), inc)
+			}
+			matches, err := filepath.Glob(inc)
+			if err != nil {
+				return nil, fmt.Errorf("%s:%d: %w", path, no, err)
+			}
+			if len(matches) == 0 && !strings.ContainsAny(inc, "*?[") {
+				return nil, fmt.Errorf("%s:%d: include %s: %w", path, no, inc, os.ErrNotExist)
+			}
+			for _, m := range matches {
+				sub, err := readLines(m, depth+1)
+				if err != nil {
+					return nil, fmt.Errorf("%s:%d: %w", path, no, err)
+				}
+				lines = append(lines, sub...)
+			}
+			continue
+		}
+		line := Line{File: path, No: no}
+		for _, tok := range tokens(text) {
+			k, v, ok := strings.Cut(tok, "=")
+			if !ok {
+				return nil, fmt.Errorf("%s:%d: %q is not key=value", path, no, tok)
+			}
+			line.Pairs = append(line.Pairs, [2]string{k, strings.Trim(v, `"`)})
+		}
+		lines = append(lines, line)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return lines, nil
+}
+
+// tokens splits on blanks outside double quotes.
+func tokens(s string) []string {
+	var out []string
+	var cur strings.Builder
+	quoted := false
+	for _, r := range s {
+		switch {
+		case r == '"':
+			quoted = !quoted
+			cur.WriteRune(r)
+		case (r == ' ' || r == '\t') && !quoted:
+			if cur.Len() > 0 {
+				out = append(out, cur.String())
+				cur.Reset()
+			}
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	if cur.Len() > 0 {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// Settings is what gpufence takes from slurm.conf and cgroup.conf.
+type Settings struct {
+	SlurmConf        string
+	TaskPlugin       string
+	ConstrainDevices bool
+	// GresConf is the gres.conf beside slurm.conf.
+	GresConf string
+}
+
+// LocalGPUIndices reports whether Slurm itself numbers CUDA_VISIBLE_DEVICES
+// from 0 inside each step, which it does exactly when task/cgroup constrains
+// devices (gres_use_local_device_index in Slurm's gres.c).
+func (s Settings) LocalGPUIndices() bool {
+	return strings.Contains(s.TaskPlugin, "cgroup") && s.ConstrainDevices
+}
+
+// ReadSettings reads slurm.conf at path and the cgroup.conf beside it (a
+// missing cgroup.conf means Slurm's defaults).
+func ReadSettings(path string) (Settings, error) {
+	s := Settings{SlurmConf: path, GresConf: filepath.Join(filepath.Dir(path), "gres.conf")}
+	lines, err := ReadLines(path)
+	if err != nil {
+		return s, fmt.Errorf("read slurm.conf: %w", err)
+	}
+	for _, l := range lines {
+		if v, ok := l.Get("TaskPlugin"); ok {
+			s.TaskPlugin = v
+		}
+	}
+	cg := filepath.Join(filepath.Dir(path), "cgroup.conf")
+	lines, err = ReadLines(cg)
+	switch {
+	case os.IsNotExist(err):
+	case err != nil:
+		return s, fmt.Errorf("read cgroup.conf: %w", err)
+	default:
+		for _, l := range lines {
+			if v, ok := l.Get("ConstrainDevices"); ok {
+				s.ConstrainDevices = strings.EqualFold(v, "yes")
+			}
+		}
+	}
+	return s, nil
+}

@@ -1,0 +1,139 @@
+package slurm
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestExpandHostlist(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    []string
+		wantErr string
+	}{
+		{in: "/dev/nvidia[0-3]", want: []string{"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3"}},
+		{in: "node[1,3-4]", want: []string{"node1", "node3", "node4"}},
+		{in: "gpu[08-10]", want: []string{"gpu08", "gpu09", "gpu10"}},
+		{in: "a,b[1-2],c", want: []string{"a", "b1", "b2", "c"}},
+		{in: "/dev/nvidia0", want: []string{"/dev/nvidia0"}},
+		{in: "queue1-st-g5-[1-2]", want: []string{"queue1-st-g5-1", "queue1-st-g5-2"}},
+		{in: "x[3-1]", wantErr: "bad range"},
+		{in: "x[1-", wantErr: "missing ']'"},
+		{in: "x]", wantErr: "unbalanced"},
+		{in: "x[a]", wantErr: "bad range"},
+		{in: "x[1]y[2]", wantErr: "more than one bracket"},
+	}
+	for _, tt := range tests {
+		got, err := ExpandHostlist(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("ExpandHostlist(%q) error = %v, want %q", tt.in, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tt.want) {
+			t.Errorf("ExpandHostlist(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func write(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestReadGresGPUs(t *testing.T) {
+	tests := []struct {
+		name    string
+		body    string
+		extra   map[string]string
+		node    string
+		want    []string
+		wantErr string
+	}{
+		{name: "range", body: "Name=gpu File=/dev/nvidia[0-3]\n", node: "n1",
+			want: []string{"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3"}},
+		{name: "file order kept without autodetect", body: "Name=gpu Type=a File=/dev/nvidia2\nName=gpu Type=b File=/dev/nvidia0\n", node: "n1",
+			want: []string{"/dev/nvidia2", "/dev/nvidia0"}},
+		{name: "autodetect sorts naturally", body: "AutoDetect=nvml\nName=gpu File=/dev/nvidia10\nName=gpu File=/dev/nvidia2\n", node: "n1",
+			want: []string{"/dev/nvidia2", "/dev/nvidia10"}},
+		{name: "node filter", body: "NodeName=n[1-2] Name=gpu File=/dev/nvidia[0-1]\nNodeName=n3 Name=gpu File=/dev/nvidia[0-7]\n# comment\n", node: "n2",
+			want: []string{"/dev/nvidia0", "/dev/nvidia1"}},
+		{name: "other gres ignored", body: "Name=mps Count=100 File=/dev/nvidia0\nName=gpu File=/dev/nvidia1 # one\n", node: "n1",
+			want: []string{"/dev/nvidia1"}},
+		{name: "include (ParallelCluster style)", body: "include pc_gres.conf\n", extra: map[string]string{"pc_gres.conf": "NodeName=q1-st-g4dn-[1-5] Name=gpu Type=t4 File=/dev/nvidia[0-0]\n"},
+			node: "q1-st-g4dn-3", want: []string{"/dev/nvidia0"}},
+		{name: "missing include", body: "include nothere.conf\n", node: "n1", wantErr: "nothere.conf"},
+		{name: "no gpu for node", body: "NodeName=other Name=gpu File=/dev/nvidia0\n", node: "n1", wantErr: "no gpu with File="},
+		{name: "duplicate", body: "Name=gpu File=/dev/nvidia0\nName=gpu File=/dev/nvidia0\n", node: "n1", wantErr: "listed twice"},
+		{name: "bad line", body: "Name=gpu Junk\n", node: "n1", wantErr: "not key=value"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for n, b := range tt.extra {
+				write(t, dir, n, b)
+			}
+			got, err := ReadGresGPUs(write(t, dir, "gres.conf", tt.body), tt.node)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var paths []string
+			for i, g := range got {
+				if g.Index != i {
+					t.Errorf("gpu %s has index %d, want %d", g.Path, g.Index, i)
+				}
+				paths = append(paths, g.Path)
+			}
+			if !slices.Equal(paths, tt.want) {
+				t.Errorf("paths = %v, want %v", paths, tt.want)
+			}
+		})
+	}
+}
+
+func TestReadSettings(t *testing.T) {
+	tests := []struct {
+		slurm, cgroup string
+		wantLocal     bool
+	}{
+		{"TaskPlugin=task/affinity,task/cgroup\n", "ConstrainDevices=yes\n", true},
+		{"TaskPlugin=task/affinity,task/cgroup\n", "ConstrainDevices=no\n", false},
+		{"TaskPlugin=task/cgroup\n", "", false},
+		{"TaskPlugin=task/affinity\n", "ConstrainDevices=yes\n", false},
+		{"taskplugin=task/cgroup\n", "constraindevices=YES\n", true},
+	}
+	for _, tt := range tests {
+		dir := t.TempDir()
+		p := write(t, dir, "slurm.conf", tt.slurm)
+		if tt.cgroup != "" {
+			write(t, dir, "cgroup.conf", tt.cgroup)
+		}
+		s, err := ReadSettings(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.LocalGPUIndices() != tt.wantLocal {
+			t.Errorf("%q + %q: LocalGPUIndices = %v, want %v", tt.slurm, tt.cgroup, s.LocalGPUIndices(), tt.wantLocal)
+		}
+		if s.GresConf != filepath.Join(dir, "gres.conf") {
+			t.Errorf("GresConf = %s", s.GresConf)
+		}
+	}
+	if _, err := ReadSettings(filepath.Join(t.TempDir(), "none.conf")); err == nil {
+		t.Error("missing slurm.conf gave no error")
+	}
+}
