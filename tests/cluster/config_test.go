@@ -1,0 +1,198 @@
+package cluster
+
+import (
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func testParams() confParams {
+	return confParams{
+		Root: "/var/tmp/r", Host: "node1", CPUs: 2, GPUs: 4, CtldPort: 7001, SlurmdPort: 7002,
+		MungeSocket: "/var/tmp/r/run/munge/munge.socket", CgroupMount: "/sys/fs/cgroup/unified",
+		ClusterName: "gpufence", SlurmUser: "slurm", KillWaitSecs: 5,
+		ExtraSlurm: []string{"MinJobAge=10"},
+	}
+}
+
+func TestRenderSlurmConf(t *testing.T) {
+	got := renderSlurmConf(testParams())
+	for _, want := range []string{
+		"SlurmctldHost=node1(127.0.0.1)\n",
+		"AuthInfo=socket=/var/tmp/r/run/munge/munge.socket\n",
+		"SlurmctldPort=7001\n",
+		"SlurmdPort=7002\n",
+		"StateSaveLocation=/var/tmp/r/state/ctld\n",
+		"SlurmdLogFile=/var/tmp/r/logs/slurmd.log\n",
+		"PlugStackConfig=/var/tmp/r/etc/plugstack.conf\n",
+		"PrologFlags=Contain\n",
+		"ProctrackType=proctrack/cgroup\n",
+		"TaskPlugin=task/affinity,task/cgroup\n",
+		"SelectType=select/cons_tres\n",
+		"GresTypes=gpu\n",
+		"NodeName=node1 NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:4 State=UNKNOWN\n",
+		"PartitionName=debug Nodes=node1 Default=YES",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("slurm.conf lacks %q:\n%s", want, got)
+		}
+	}
+	if !strings.HasSuffix(got, "MinJobAge=10\n") {
+		t.Errorf("extra lines not appended last:\n%s", got)
+	}
+	if strings.Contains(got, "$ROOT") || strings.Contains(got, "%!") {
+		t.Errorf("unrendered placeholder:\n%s", got)
+	}
+}
+
+func TestRenderGresConf(t *testing.T) {
+	for _, tc := range []struct {
+		gpus int
+		want string
+	}{
+		{1, "Name=gpu File=/var/tmp/r/dev/nvidia[0-0]\n"},
+		{4, "Name=gpu File=/var/tmp/r/dev/nvidia[0-3]\n"},
+		{8, "Name=gpu File=/var/tmp/r/dev/nvidia[0-7]\n"},
+	} {
+		p := testParams()
+		p.GPUs = tc.gpus
+		if got := renderGresConf(p); got != tc.want {
+			t.Errorf("GPUs=%d: %q, want %q", tc.gpus, got, tc.want)
+		}
+	}
+}
+
+func TestRenderCgroupConf(t *testing.T) {
+	for _, constrain := range []bool{false, true} {
+		p := testParams()
+		p.Constrain = constrain
+		got := renderCgroupConf(p)
+		want := "ConstrainDevices=no\n"
+		if constrain {
+			want = "ConstrainDevices=yes\n"
+		}
+		for _, w := range []string{want, "CgroupPlugin=cgroup/v2\n", "CgroupMountpoint=/sys/fs/cgroup/unified\n",
+			"IgnoreSystemd=yes\n", "CgroupAutomount=no\n"} {
+			if !strings.Contains(got, w) {
+				t.Errorf("constrain=%v: cgroup.conf lacks %q:\n%s", constrain, w, got)
+			}
+		}
+	}
+}
+
+func TestRenderPlugstack(t *testing.T) {
+	if got := renderPlugstack(nil); got != "" {
+		t.Errorf("empty plugstack: %q", got)
+	}
+	if got := renderPlugstack([]string{"required /a.so x=1", "optional /b.so"}); got != "required /a.so x=1\noptional /b.so\n" {
+		t.Errorf("plugstack: %q", got)
+	}
+}
+
+func TestFakeDevices(t *testing.T) {
+	got := fakeDevices(2)
+	want := []fakeDevice{
+		{"nvidia0", 195, 0}, {"nvidia1", 195, 1}, {"nvidiactl", 195, 255},
+		{"nvidia-modeset", 195, 254}, {"nvidia-uvm", 240, 0}, {"nvidia-uvm-tools", 240, 1},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("fakeDevices(2) = %v, want %v", got, want)
+	}
+}
+
+func TestIsHybrid(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{"0::/\n", false},
+		{"0::/user.slice/session-1.scope\n", false},
+		{"9:name=systemd:/\n8:pids:/\n0::/\n", true},
+		{"1:name=systemd:/\n", true},
+	} {
+		if got := isHybrid(tc.in); got != tc.want {
+			t.Errorf("isHybrid(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestCgroup2Mount(t *testing.T) {
+	hybrid := `25 30 0:22 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+31 25 0:26 / /sys/fs/cgroup ro,nosuid shared:9 - tmpfs tmpfs ro,mode=755
+32 31 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw,nsdelegate
+33 31 0:28 / /sys/fs/cgroup/systemd rw,nosuid shared:11 - cgroup cgroup rw,xattr,name=systemd
+`
+	pure := "35 25 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+	optional := "35 25 0:30 / /sys/fs/cgroup rw shared:9 master:2 - cgroup2 cgroup2 rw\n"
+	for _, tc := range []struct{ in, want string }{
+		{hybrid, "/sys/fs/cgroup/unified"}, {pure, "/sys/fs/cgroup"}, {optional, "/sys/fs/cgroup"},
+	} {
+		got, err := cgroup2Mount(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("cgroup2Mount = %q, %v; want %q", got, err, tc.want)
+		}
+	}
+	if _, err := cgroup2Mount("33 31 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"); err == nil {
+		t.Error("no cgroup2 mount: want an error")
+	}
+}
+
+func TestSortDeepestFirst(t *testing.T) {
+	in := []string{"/s/job_1", "/s/slurmd", "/s/job_1/step_0/user/task_0", "/s/job_1/step_0", "/s/job_1/step_0/user"}
+	sortDeepestFirst(in)
+	want := []string{"/s/job_1/step_0/user/task_0", "/s/job_1/step_0/user", "/s/job_1/step_0", "/s/job_1", "/s/slurmd"}
+	if !reflect.DeepEqual(in, want) {
+		t.Errorf("got %v, want %v", in, want)
+	}
+}
+
+func TestParseOpen(t *testing.T) {
+	out := `env CUDA_VISIBLE_DEVICES=0
+env SLURM_JOB_GPUS (unset)
+env SLURM_STEP_GPUS=2
+cgroup 0::/system.slice/vm_slurmstepd.scope/job_3/step_0/user/task_special
+/r/dev/nvidia0 ENXIO
+/r/dev/nvidia1 EPERM
+srun: job 3 queued and waiting for resources
+/r/dev/nvidia1 ENXIO
+`
+	got := ParseOpen(out)
+	want := OpenReport{
+		Open:   map[string]string{"/r/dev/nvidia0": "ENXIO", "/r/dev/nvidia1": "ENXIO"},
+		Env:    map[string]string{"CUDA_VISIBLE_DEVICES": "0", "SLURM_STEP_GPUS": "2"},
+		Unset:  map[string]bool{"SLURM_JOB_GPUS": true},
+		Cgroup: "/system.slice/vm_slurmstepd.scope/job_3/step_0/user/task_special",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ParseOpen:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestProcessIdentity(t *testing.T) {
+	st, err := procStartTime(os.Getpid())
+	if err != nil || st == 0 {
+		t.Fatalf("procStartTime(self) = %d, %v", st, err)
+	}
+	self := &Process{Name: "self", PID: os.Getpid(), StartTime: st}
+	if !self.Alive() {
+		t.Error("own process not alive")
+	}
+	// A recorded PID whose start time differs is a reused PID: never ours.
+	reused := &Process{Name: "reused", PID: os.Getpid(), StartTime: st + 1}
+	if reused.Alive() {
+		t.Error("a PID with another start time counts as ours")
+	}
+	if err := reused.Stop(); err != nil {
+		t.Errorf("Stop of a reused PID: %v", err)
+	}
+}
+
+func TestLastLines(t *testing.T) {
+	if got := lastLines("a\nb\nc\n", 2); got != "b\nc" {
+		t.Errorf("lastLines = %q", got)
+	}
+	if got := lastLines("a\n", 5); got != "a" {
+		t.Errorf("lastLines = %q", got)
+	}
+}
