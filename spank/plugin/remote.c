@@ -22,7 +22,7 @@ static struct {
 	struct gf_config cfg;
 	bool registered; /* the agent answered StepStart in init */
 	struct gf_step_result res;
-	char reason[GPUFENCE_ERR_LEN]; /* why not, for the logs */
+	char reason[GPUFENCE_ERR_LEN * 2]; /* why not, for the logs and the batch refusal */
 } stash;
 
 static void step_name(uint32_t step_id, char *buf, size_t len)
@@ -40,6 +40,14 @@ static void step_name(uint32_t step_id, char *buf, size_t len)
 	default:
 		snprintf(buf, len, "%u", step_id);
 	}
+}
+
+static bool is_batch(spank_t sp)
+{
+	uint32_t step_id;
+
+	return spank_get_item(sp, S_JOB_STEPID, &step_id) == ESPANK_SUCCESS &&
+	       step_id == SLURM_BATCH_SCRIPT;
 }
 
 static int step_ids(spank_t sp, uint32_t *job_id, uint32_t *step_id,
@@ -97,6 +105,7 @@ int gf_remote_init(spank_t sp, int ac, char **av)
 				    sizeof(msg));
 		gf_error("job %u step %s: %s; trying again when its tasks start",
 			 job_id, step, msg);
+		snprintf(stash.reason, sizeof(stash.reason), "%s", msg);
 		return 0;
 	}
 	stash.registered = true;
@@ -119,6 +128,14 @@ int gf_remote_task_post_fork(spank_t sp)
 	/* The extern step calls this without a task: nothing to gate. */
 	if (spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS || pid <= 0)
 		return 0;
+	/*
+	 * A failed batch launch makes slurmctld drain the node ("batch job
+	 * complete failure"), so the batch step is never failed here: when init
+	 * could not register it, its task refuses to exec in task_init instead,
+	 * and when it could, the policy is already in the kernel.
+	 */
+	if (is_batch(sp) && !stash.registered)
+		return 0;
 	if (!stash.have_config) {
 		gf_error("%s; refusing to start the step without GPU isolation",
 			 stash.reason);
@@ -135,6 +152,11 @@ int gf_remote_task_post_fork(spank_t sp)
 			      pids, 1, &res, reason, sizeof(reason));
 	if (rc != GPUFENCE_OK) {
 		gf_describe_failure(&stash.cfg, rc, reason, msg, sizeof(msg));
+		if (step_id == SLURM_BATCH_SCRIPT) {
+			gf_error("job %u step batch: confirming task %d failed: %s (its policy from init stays in force)",
+				 job_id, (int)pid, msg);
+			return 0;
+		}
 		gf_error("%s; refusing to start job %u step %s without GPU isolation (ask the cluster administrators to check the gpufence agent on this node)",
 			 msg, job_id, step);
 		return -1;
@@ -171,6 +193,13 @@ int gf_remote_task_init(spank_t sp)
 	const uint32_t *gpus = stash.res.gpus;
 	int ngpus = stash.res.ngpus;
 	int flags = 0;
+
+	if (is_batch(sp) && !stash.registered) {
+		/* See gf_remote_task_post_fork: the script must not run. */
+		gf_error("%s; refusing to run the batch script without GPU isolation (ask the cluster administrators to check the gpufence agent on this node)",
+			 stash.reason[0] ? stash.reason : "the step was not registered with the gpufence agent");
+		return -1;
+	}
 
 	if (stash.registered) {
 		if (stash.res.slurm_local_indices)
