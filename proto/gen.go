@@ -2,4 +2,4 @@
 // code lives in gpufence/v1.
 package proto
 
-//go:generate protoc --plugin=protoc-gen-go=../bin/protoc-gen-go --go_out=. --go_opt=paths=source_relative gpufence/v1/agent.proto
+//go:generate sh -c "protoc --plugin=protoc-gen-go=$(go tool -n protoc-gen-go) --go_out=. --go_opt=paths=source_relative gpufence/v1/agent.proto"

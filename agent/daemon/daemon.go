@@ -283,6 +283,8 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 	if err := d.attachLocked(loc.Scope); err != nil {
 		return nil, fmt.Errorf("step %s: %v", name, err)
 	}
+	// Slurm makes its stepd parking cgroup when the first step starts.
+	d.refreshExemptLocked()
 	j := d.jobs[jobID]
 	var pj *policy.Job
 	if j != nil {

@@ -6,6 +6,7 @@ package wire
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -60,7 +61,13 @@ func (c *Conn) Write(m proto.Message, deadline time.Time) error {
 	if err := c.c.SetWriteDeadline(deadline); err != nil {
 		return err
 	}
-	if _, err := protodelim.MarshalTo(c.c, m); err != nil {
+	// One write for length and body: a peer that has read the whole frame
+	// may hang up at once, and a trailing empty write would then fail.
+	var buf bytes.Buffer
+	if _, err := protodelim.MarshalTo(&buf, m); err != nil {
+		return fmt.Errorf("encode frame: %w", err)
+	}
+	if _, err := c.c.Write(buf.Bytes()); err != nil {
 		return fmt.Errorf("write frame: %w", err)
 	}
 	return nil

@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <slurm/slurm.h>
 
 #include "args.h"
@@ -24,6 +25,46 @@ static struct {
 	struct gf_step_result res;
 	char reason[GPUFENCE_ERR_LEN * 2]; /* why not, for the logs and the batch refusal */
 } stash;
+
+/*
+ * The verdict task_post_fork reaches in the parent, shared with the task
+ * children (MAP_SHARED, created in init before they are forked). Children
+ * wait until every post_fork has returned, then read it in task_init: a step
+ * the agent did not confirm exits there with the reason on the task's stderr
+ * (srun's, or the batch job's output file) before anything of the user runs.
+ * Failing task_post_fork itself would make srun report a launch failure yet
+ * exit 0, and a failed batch launch drains the node.
+ */
+struct gate {
+	int refused;
+	int confirmed;
+	struct gf_step_result res;
+	char msg[GPUFENCE_ERR_LEN * 3];
+};
+static struct gate *gate;
+
+static void gate_open(void)
+{
+	void *p;
+
+	if (gate)
+		return;
+	p = mmap(NULL, sizeof(*gate), PROT_READ | PROT_WRITE,
+		 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		gf_error("cannot map the task gate (%m); failed steps will be reported as launch failures");
+		return;
+	}
+	gate = p;
+}
+
+static void gate_refuse(const char *msg)
+{
+	if (!gate)
+		return;
+	__atomic_store_n(&gate->refused, 1, __ATOMIC_SEQ_CST);
+	snprintf(gate->msg, sizeof(gate->msg), "%s", msg);
+}
 
 static void step_name(uint32_t step_id, char *buf, size_t len)
 {
@@ -82,6 +123,7 @@ int gf_remote_init(spank_t sp, int ac, char **av)
 	char env[ENV_LEN], step[32], msg[GPUFENCE_ERR_LEN * 2];
 	int rc;
 
+	gate_open();
 	/* Errors here do not reach srun: task_post_fork reports them. */
 	if (gf_config_parse(ac, av, &stash.cfg, stash.reason,
 			    sizeof(stash.reason))) {
@@ -122,45 +164,44 @@ int gf_remote_task_post_fork(spank_t sp)
 	int32_t pids[1];
 	struct gf_step_result res;
 	char env[ENV_LEN], step[32], reason[GPUFENCE_ERR_LEN],
-		msg[GPUFENCE_ERR_LEN * 2];
+		msg[GPUFENCE_ERR_LEN * 2], full[GPUFENCE_ERR_LEN * 3];
 	int rc;
 
 	/* The extern step calls this without a task: nothing to gate. */
 	if (spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS || pid <= 0)
 		return 0;
-	/*
-	 * A failed batch launch makes slurmctld drain the node ("batch job
-	 * complete failure"), so the batch step is never failed here: when init
-	 * could not register it, its task refuses to exec in task_init instead,
-	 * and when it could, the policy is already in the kernel.
-	 */
-	if (is_batch(sp) && !stash.registered)
-		return 0;
 	if (!stash.have_config) {
-		gf_error("%s; refusing to start the step without GPU isolation",
-			 stash.reason);
-		return -1;
-	}
-	if (step_ids(sp, &job_id, &step_id, &uid)) {
-		gf_error("cannot read the job id, step id or uid from Slurm; refusing to start the step without GPU isolation");
-		return -1;
-	}
-	step_name(step_id, step, sizeof(step));
-	pids[0] = (int32_t)pid;
-	rc = gf_go_step_start(&stash.cfg, job_id, step_id, uid,
-			      job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
-			      pids, 1, &res, reason, sizeof(reason));
-	if (rc != GPUFENCE_OK) {
-		gf_describe_failure(&stash.cfg, rc, reason, msg, sizeof(msg));
-		if (step_id == SLURM_BATCH_SCRIPT) {
-			gf_error("job %u step batch: confirming task %d failed: %s (its policy from init stays in force)",
-				 job_id, (int)pid, msg);
+		snprintf(msg, sizeof(msg), "%s", stash.reason);
+		job_id = 0;
+		snprintf(step, sizeof(step), "?");
+	} else if (step_ids(sp, &job_id, &step_id, &uid)) {
+		snprintf(msg, sizeof(msg), "cannot read the job id, step id or uid from Slurm");
+		snprintf(step, sizeof(step), "?");
+	} else {
+		step_name(step_id, step, sizeof(step));
+		pids[0] = (int32_t)pid;
+		rc = gf_go_step_start(&stash.cfg, job_id, step_id, uid,
+				      job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
+				      pids, 1, &res, reason, sizeof(reason));
+		if (rc == GPUFENCE_OK) {
+			if (gate) {
+				gate->res = res;
+				__atomic_add_fetch(&gate->confirmed, 1, __ATOMIC_SEQ_CST);
+			}
 			return 0;
 		}
-		gf_error("%s; refusing to start job %u step %s without GPU isolation (ask the cluster administrators to check the gpufence agent on this node)",
-			 msg, job_id, step);
+		gf_describe_failure(&stash.cfg, rc, reason, msg, sizeof(msg));
+	}
+	snprintf(full, sizeof(full),
+		 "%s; refusing to start job %u step %s without GPU isolation (ask the cluster administrators to check the gpufence agent on this node)",
+		 msg, job_id, step);
+	if (!gate) {
+		gf_error("%s", full);
 		return -1;
 	}
+	/* The task prints it to the user; the log keeps it for admins. */
+	gf_info("%s", full);
+	gate_refuse(full);
 	return 0;
 }
 
@@ -194,22 +235,32 @@ int gf_remote_task_init(spank_t sp)
 	int ngpus = stash.res.ngpus;
 	int flags = 0;
 
-	if (is_batch(sp) && !stash.registered) {
-		/* See gf_remote_task_post_fork: the script must not run. */
+	if (gate) {
+		if (__atomic_load_n(&gate->refused, __ATOMIC_SEQ_CST) ||
+		    !__atomic_load_n(&gate->confirmed, __ATOMIC_SEQ_CST)) {
+			gf_error("%s", gate->msg[0] ? gate->msg :
+				 "the step was not confirmed by the gpufence agent; refusing to start it without GPU isolation");
+			return -1;
+		}
+		/* post_fork's answer, which init may not have had. */
+		gpus = gate->res.gpus;
+		ngpus = gate->res.ngpus;
+		if (gate->res.slurm_local_indices)
+			flags |= GF_RENUMBER_SLURM_LOCAL;
+	} else if (stash.registered) {
+		if (stash.res.slurm_local_indices)
+			flags |= GF_RENUMBER_SLURM_LOCAL;
+	} else if (is_batch(sp)) {
 		gf_error("%s; refusing to run the batch script without GPU isolation (ask the cluster administrators to check the gpufence agent on this node)",
 			 stash.reason[0] ? stash.reason : "the step was not registered with the gpufence agent");
 		return -1;
-	}
-
-	if (stash.registered) {
-		if (stash.res.slurm_local_indices)
-			flags |= GF_RENUMBER_SLURM_LOCAL;
 	} else {
 		/*
-		 * Only task_post_fork reached the agent, and its answer stayed
-		 * in the parent. Fall back to the variable Slurm overwrites for
-		 * this kind of step; a forged value only misnumbers the user's
-		 * own view, the kernel still decides what opens.
+		 * No gate and only task_post_fork reached the agent, whose
+		 * answer stayed in the parent. Fall back to the variable Slurm
+		 * overwrites for this kind of step; a forged value only
+		 * misnumbers the user's own view, the kernel still decides
+		 * what opens.
 		 */
 		uint32_t job_id, step_id, uid;
 		char list[ENV_LEN];

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -93,7 +94,9 @@ func stepEnv(extra ...string) []string {
 		"JOB_SLURM_STEP_GPUS=1,3", "JOB_CUDA_VISIBLE_DEVICES=3", "JOB_GPU_DEVICE_ORDINAL=1,3"}, extra...)
 }
 
-var stepSequence = []string{"init", "maps", "fork_task_init", "task_post_fork", "exit"}
+// As slurmstepd: fork the task, run task_post_fork in the parent, then let
+// the task run task_init.
+var stepSequence = []string{"init", "maps", "fork", "task_post_fork", "release", "exit"}
 
 func TestStepRegistersAndRenumbers(t *testing.T) {
 	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response {
@@ -143,12 +146,29 @@ func TestAgentAbsentRefusesStep(t *testing.T) {
 	}
 	want := "error: gpufence: cannot reach the gpufence agent at " + sock +
 		" (connect: no such file or directory); refusing to start job 7 step 2 without GPU isolation"
-	if !has(lines, "rc task_post_fork -1") || !hasPrefix(lines, want) {
-		t.Errorf("want post_fork -1 and %q, got %q", want, lines)
+	// post_fork does not fail (srun would exit 0 on a launch failure and a
+	// failed batch launch drains the node): the task refuses to exec.
+	if !has(lines, "rc task_post_fork 0") || !has(lines, "rc task_init -1") || !hasPrefix(lines, want) {
+		t.Errorf("want post_fork 0, task_init -1 and %q, got %q", want, lines)
 	}
-	// Init could not ask the agent: the child falls back to SLURM_STEP_GPUS.
-	if !has(lines, "env CUDA_VISIBLE_DEVICES=1") {
-		t.Errorf("fallback renumbering: %q", lines)
+	if has(lines, "env CUDA_VISIBLE_DEVICES=1") {
+		t.Errorf("a refused task went on to renumber: %q", lines)
+	}
+}
+
+// TestPostForkAnswerReachesTask: init could not register, post_fork could;
+// the task runs and numbers its GPUs from post_fork's answer.
+func TestPostForkAnswerReachesTask(t *testing.T) {
+	var n atomic.Int32
+	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response {
+		if req.GetStepStart() != nil && n.Add(1) == 1 {
+			return &pb.Response{Error: "not yet"}
+		}
+		return &pb.Response{Gpus: []uint32{3}}
+	})
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket)
+	if !has(lines, "rc task_init 0") || !has(lines, "env CUDA_VISIBLE_DEVICES=0") || !has(lines, "env GPU_DEVICE_ORDINAL=0") {
+		t.Errorf("task after a late confirmation: %q", lines)
 	}
 }
 
@@ -157,7 +177,7 @@ func TestAgentRefusalReachesUser(t *testing.T) {
 		return &pb.Response{Error: "job 7 has no prolog record on this node"}
 	})
 	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket)
-	if !has(lines, "rc task_post_fork -1") ||
+	if !has(lines, "rc task_init -1") ||
 		!hasPrefix(lines, "error: gpufence: the gpufence agent refused: job 7 has no prolog record on this node; refusing") {
 		t.Errorf("refusal not reported: %q", lines)
 	}
@@ -165,7 +185,7 @@ func TestAgentRefusalReachesUser(t *testing.T) {
 
 func TestMissingGoLibraryRefusesStep(t *testing.T) {
 	lines := slurm(t, stepEnv(), "remote", stepSequence, "golib=/nonexistent/spank_gpufence_go.so")
-	if !has(lines, "rc task_post_fork -1") ||
+	if !has(lines, "rc task_init -1") ||
 		!hasPrefix(lines, "error: gpufence: cannot load the gpufence client library /nonexistent/spank_gpufence_go.so (/nonexistent/spank_gpufence_go.so: cannot open shared object file") {
 		t.Errorf("load failure not reported: %q", lines)
 	}
@@ -173,7 +193,7 @@ func TestMissingGoLibraryRefusesStep(t *testing.T) {
 
 func TestBadArgumentsInStepRefuseTasks(t *testing.T) {
 	lines := slurm(t, stepEnv(), "remote", stepSequence, "bogus=1")
-	if !has(lines, "rc init 0") || !has(lines, "rc task_post_fork -1") || !has(lines, "golib mapped 0") ||
+	if !has(lines, "rc init 0") || !has(lines, "rc task_init -1") || !has(lines, "golib mapped 0") ||
 		!hasPrefix(lines, `error: gpufence: unknown option "bogus=1" in plugstack.conf (known: socket, timeout, golib); refusing`) {
 		t.Errorf("bad arguments in slurmstepd: %q", lines)
 	}

@@ -7,8 +7,8 @@
  *
  * CONTEXT: local, remote, allocator, slurmd, job_script. STEPs: a callback
  * name without slurm_spank_ (init, job_prolog, task_post_fork, task_init,
- * exit, job_epilog), fork_task_init (fork, run task_init in the child as
- * slurmstepd does, print its environment) or maps (is the Go library mapped?). Items come from FAKE_JOB_ID,
+ * exit, job_epilog), fork (fork a task child that waits, as slurmstepd's do), release (let it
+ * run task_init and print its environment) or maps (is the Go library mapped?). Items come from FAKE_JOB_ID,
  * FAKE_STEP_ID, FAKE_UID; the job environment is this process's variables
  * prefixed JOB_. S_TASK_PID is the last forked child, else unavailable.
  */
@@ -170,6 +170,8 @@ static int golib_mapped(void)
 	return found;
 }
 
+static int release_fd = -1;
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -209,12 +211,21 @@ int main(int argc, char **argv)
 			printf("golib mapped %d\n", golib_mapped());
 			continue;
 		}
-		if (!strcmp(step, "fork_task_init")) {
+		if (!strcmp(step, "fork")) {
+			/* As slurmstepd: the task child blocks until the
+			 * parent has run every task_post_fork. */
+			int p[2];
 			pid_t pid;
-			int status;
 
+			if (pipe(p))
+				return 4;
 			fflush(stdout);
 			if ((pid = fork()) == 0) {
+				char c;
+
+				close(p[1]);
+				if (read(p[0], &c, 1) != 1)
+					_exit(1);
 				fn = (spank_f *)dlsym(h, "slurm_spank_task_init");
 				rc = fn ? fn(NULL, pac, pav) : 0;
 				printf("rc task_init %d\n", rc);
@@ -223,8 +234,18 @@ int main(int argc, char **argv)
 				fflush(stdout);
 				_exit(0);
 			}
-			waitpid(pid, &status, 0);
+			close(p[0]);
+			release_fd = p[1];
 			task_pid = pid;
+			continue;
+		}
+		if (!strcmp(step, "release")) {
+			int status;
+
+			if (write(release_fd, "x", 1) != 1)
+				return 5;
+			close(release_fd);
+			waitpid(task_pid, &status, 0);
 			continue;
 		}
 		snprintf(sym, sizeof(sym), "slurm_spank_%s", step);

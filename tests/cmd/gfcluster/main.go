@@ -4,6 +4,7 @@
 //	gfcluster up [--root DIR] [--gpus N] [--constrain-devices] [--plugstack LINE]... [--slurm-conf LINE]...
 //	gfcluster status [--root DIR]
 //	gfcluster down [--root DIR] [--keep-user]
+//	gfcluster demo [--bin DIR] [--keep]
 //
 // `up` prints the line to source for Slurm clients; the running state is in
 // <root>/state.json and the last root in /run/lock/gfcluster.current.
@@ -39,6 +40,7 @@ var commands = map[string]command{
 	"up":     {"start a cluster and print the environment to source", up},
 	"down":   {"stop the cluster and remove what the harness created", down},
 	"status": {"show the cluster's daemons and sinfo", status},
+	"demo":   {"start a cluster with gpufence and show isolation and audit (needs `make build`)", demo},
 }
 
 func main() {

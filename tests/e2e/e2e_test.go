@@ -1,0 +1,691 @@
+// Package e2e drives the whole product against a real Slurm 22.05 on this
+// machine: real slurmctld, slurmd and slurmstepd loading the SPANK plugin,
+// the real agent, and the kernel enforcing the device filter on fake GPUs
+// (an allowed GPU opens with ENXIO, a denied one with EPERM).
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpufence/gpufence/agent/policy"
+	"github.com/gpufence/gpufence/tests/cluster"
+)
+
+const user = cluster.TestUser
+
+// suite is one cluster with the plugin and the agent, shared by the tests of
+// this package (starting Slurm costs seconds; CI has two cores).
+type suite struct {
+	c      *cluster.Cluster
+	agent  *cluster.Process
+	bin    string // folder with gpufence, spank_gpufence.so, spank_gpufence_go.so
+	open   string // gf-open in the cluster's root
+	sock   string
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+var (
+	s        *suite
+	setup    *cluster.Setup
+	setupErr error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if s != nil {
+		s.stop()
+	}
+	if err := setup.Teardown(nil); err != nil {
+		fmt.Fprintln(os.Stderr, "teardown:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+var once sync.Once
+
+// get starts the shared cluster on first use, or skips the test where this
+// machine cannot run it.
+func get(t *testing.T) *suite {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("end-to-end tests need root: they start munged, slurmctld, slurmd and the agent")
+	}
+	if testing.Short() {
+		t.Skip("end-to-end tests start a real Slurm cluster; skipped with -short")
+	}
+	once.Do(func() { s, setupErr = start(t) })
+	if setupErr != nil {
+		t.Fatalf("start cluster: %v", setupErr)
+	}
+	return s
+}
+
+func start(t *testing.T) (*suite, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	var err error
+	if setup, err = cluster.Ensure(ctx, t.Logf); err != nil {
+		cancel()
+		return nil, err
+	}
+	bin, err := binaries(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	st := &suite{bin: bin, ctx: ctx, cancel: cancel}
+	c, err := cluster.Start(ctx, cluster.Options{Logf: t.Logf})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	st.c = c
+	st.sock = filepath.Join(c.Root(), "run", "agent.sock")
+	if st.open, err = c.BuildTool(ctx, "gf-open"); err != nil {
+		st.stop()
+		return nil, err
+	}
+	// slurmd runs job_prolog only for plugins present when it started.
+	if err := c.WritePlugstack([]string{fmt.Sprintf("required %s/spank_gpufence.so socket=%s timeout=5", bin, st.sock)}); err != nil {
+		st.stop()
+		return nil, err
+	}
+	if err := c.RestartSlurmd(false); err != nil {
+		st.stop()
+		return nil, err
+	}
+	if err := st.startAgent(); err != nil {
+		st.stop()
+		return nil, err
+	}
+	return st, nil
+}
+
+// binaries returns the folder with the product's binaries: GPUFENCE_BIN_DIR
+// (for example an installed package's /usr/lib/gpufence), else the tree's
+// bin/ freshly built with make.
+func binaries(ctx context.Context) (string, error) {
+	if d := os.Getenv("GPUFENCE_BIN_DIR"); d != "" {
+		return d, nil
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.CommandContext(ctx, "make", "-C", root, "build").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("make build: %v\n%s", err, out)
+	}
+	return filepath.Join(root, "bin"), nil
+}
+
+func (st *suite) startAgent() error {
+	p, err := st.c.StartAgent(st.ctx, filepath.Join(st.bin, "gpufence"), "agent",
+		"--socket", st.sock, "--slurm-conf", st.c.SlurmConf(), "--log-level", "debug")
+	if err != nil {
+		return err
+	}
+	st.agent = p
+	return cluster.WaitSocket(st.sock, 20*time.Second)
+}
+
+func (st *suite) stop() {
+	if st.agent != nil {
+		st.agent.Stop()
+	}
+	if st.c != nil {
+		st.c.Stop()
+	}
+	st.cancel()
+}
+
+// paths of the fake devices a job probes: 4 GPUs, nvidiactl, nvidia-uvm.
+func (st *suite) paths() []string {
+	return append(st.c.DevPaths(), st.c.CtlPath(), filepath.Join(st.c.Root(), "dev", "nvidia-uvm"))
+}
+
+// srun runs gf-open in a step and parses what it saw.
+func (st *suite) srun(t *testing.T, env []string, args ...string) (cluster.OpenReport, cluster.Result) {
+	t.Helper()
+	full := append(append([]string{}, args...), st.open, "-env")
+	full = append(full, st.paths()...)
+	r := st.c.RunEnv(st.ctx, user, env, "srun", full...)
+	return cluster.ParseOpen(r.Stdout), r
+}
+
+// expectGPUs checks that exactly the GPUs in want open (ENXIO) and the
+// others are denied (EPERM), and that nvidiactl and nvidia-uvm open.
+func (st *suite) expectGPUs(t *testing.T, rep cluster.OpenReport, want []int) {
+	t.Helper()
+	for i, p := range st.c.DevPaths() {
+		exp := "EPERM"
+		if slices.Contains(want, i) {
+			exp = "ENXIO"
+		}
+		if got := rep.Open[p]; got != exp {
+			t.Errorf("nvidia%d: %q, want %s (allowed %v)", i, got, exp, want)
+		}
+	}
+	for _, p := range st.paths()[4:] {
+		if got := rep.Open[p]; got != "ENXIO" {
+			t.Errorf("%s: %q, want ENXIO (CUDA needs it in every job)", filepath.Base(p), got)
+		}
+	}
+}
+
+// gpusOf parses a Slurm GPU list variable from the task's environment.
+func gpusOf(t *testing.T, rep cluster.OpenReport, name string) []int {
+	t.Helper()
+	g, err := policy.ParseGPUList(rep.Env[name])
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, rep.Env[name], err)
+	}
+	return g
+}
+
+func mustOK(t *testing.T, r cluster.Result) {
+	t.Helper()
+	if r.Code != 0 {
+		t.Fatalf("%s", r)
+	}
+}
+
+func TestPrivilegedIsolation(t *testing.T) {
+	st := get(t)
+	isolationChecks(t, st)
+}
+
+// isolationChecks are the properties that must hold with and without
+// Slurm's own ConstrainDevices.
+func isolationChecks(t *testing.T, st *suite) {
+	for _, n := range []int{1, 2, 4} {
+		t.Run(fmt.Sprintf("srun gpu:%d", n), func(t *testing.T) {
+			rep, r := st.srun(t, nil, fmt.Sprintf("--gres=gpu:%d", n))
+			mustOK(t, r)
+			got := gpusOf(t, rep, "SLURM_STEP_GPUS")
+			if len(got) != n {
+				t.Fatalf("Slurm gave %v, want %d GPUs", got, n)
+			}
+			st.expectGPUs(t, rep, got)
+			local := make([]string, n)
+			for i := range local {
+				local[i] = fmt.Sprint(i)
+			}
+			if cvd := rep.Env["CUDA_VISIBLE_DEVICES"]; cvd != strings.Join(local, ",") {
+				t.Errorf("CUDA_VISIBLE_DEVICES=%q, want %q", cvd, strings.Join(local, ","))
+			}
+		})
+	}
+
+	t.Run("cpu-only srun", func(t *testing.T) {
+		rep, r := st.srun(t, nil)
+		mustOK(t, r)
+		st.expectGPUs(t, rep, nil)
+	})
+
+	t.Run("cpu-only sbatch", func(t *testing.T) {
+		rep := st.sbatch(t, nil, nil, fmt.Sprintf("%s -env %s", st.open, strings.Join(st.paths(), " ")))
+		st.expectGPUs(t, rep, nil)
+	})
+
+	t.Run("sbatch gpu:2 with a gpu:1 step", func(t *testing.T) {
+		out := filepath.Join(st.c.Root(), "work", "steps.$SLURM_JOB_ID")
+		script := fmt.Sprintf("%s -env %s > %s.batch\nsrun --gres=gpu:1 %s -env %s > %s.step\n",
+			st.open, strings.Join(st.paths(), " "), out, st.open, strings.Join(st.paths(), " "), out)
+		id := st.submit(t, nil, []string{"--gres=gpu:2"}, script)
+		batch := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".batch")
+		step := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".step")
+		jobGPUs := gpusOf(t, batch, "SLURM_JOB_GPUS")
+		if len(jobGPUs) != 2 {
+			t.Fatalf("batch step has SLURM_JOB_GPUS=%v", jobGPUs)
+		}
+		st.expectGPUs(t, batch, jobGPUs)
+		stepGPUs := gpusOf(t, step, "SLURM_STEP_GPUS")
+		if len(stepGPUs) != 1 || !slices.Contains(jobGPUs, stepGPUs[0]) {
+			t.Fatalf("inner step has SLURM_STEP_GPUS=%v, job %v", stepGPUs, jobGPUs)
+		}
+		st.expectGPUs(t, step, stepGPUs)
+	})
+
+	t.Run("srun -n2", func(t *testing.T) {
+		args := []string{"-n2", "-l", "--gres=gpu:1", st.open, "-env"}
+		r := st.c.Run(st.ctx, user, "srun", append(args, st.paths()...)...)
+		mustOK(t, r)
+		for _, task := range []string{"0", "1"} {
+			var lines []string
+			for _, l := range strings.Split(r.Stdout, "\n") {
+				if rest, ok := strings.CutPrefix(strings.TrimSpace(l), task+": "); ok {
+					lines = append(lines, rest)
+				}
+			}
+			rep := cluster.ParseOpen(strings.Join(lines, "\n"))
+			if len(rep.Open) == 0 {
+				t.Fatalf("task %s printed nothing:\n%s", task, r)
+			}
+			st.expectGPUs(t, rep, gpusOf(t, rep, "SLURM_STEP_GPUS"))
+		}
+	})
+
+	t.Run("two concurrent jobs", func(t *testing.T) {
+		// Each job opens its devices while the other one runs: both
+		// start, then wait for each other through files, then probe.
+		dir := t.TempDir()
+		os.Chmod(dir, 0o777)
+		reps := make([]cluster.OpenReport, 2)
+		results := make([]cluster.Result, 2)
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				me, other := filepath.Join(dir, fmt.Sprint(i)), filepath.Join(dir, fmt.Sprint(1-i))
+				script := fmt.Sprintf("touch %s; for n in $(seq 600); do [ -e %s ] && break; sleep 0.1; done; [ -e %s ] || echo OTHER-NEVER-RAN; exec %s -env %s",
+					me, other, other, st.open, strings.Join(st.paths(), " "))
+				results[i] = st.c.Run(st.ctx, user, "srun", "--gres=gpu:2", "sh", "-c", script)
+				reps[i] = cluster.ParseOpen(results[i].Stdout)
+			}()
+		}
+		wg.Wait()
+		var all []int
+		for i := range 2 {
+			mustOK(t, results[i])
+			if strings.Contains(results[i].Stdout, "OTHER-NEVER-RAN") {
+				t.Fatalf("job %d did not overlap with the other", i)
+			}
+			g := gpusOf(t, reps[i], "SLURM_STEP_GPUS")
+			st.expectGPUs(t, reps[i], g)
+			all = append(all, g...)
+		}
+		slices.Sort(all)
+		if !slices.Equal(all, []int{0, 1, 2, 3}) {
+			t.Errorf("the two jobs held %v together, want disjoint halves of 0-3", all)
+		}
+	})
+
+	t.Run("forged variables", func(t *testing.T) {
+		forged := []string{"SLURM_JOB_GPUS=0,1,2,3", "SLURM_STEP_GPUS=0,1,2,3", "CUDA_VISIBLE_DEVICES=0,1,2,3", "GPU_DEVICE_ORDINAL=0,1,2,3"}
+		rep, r := st.srun(t, forged, "--gres=gpu:1")
+		mustOK(t, r)
+		st.expectGPUs(t, rep, gpusOf(t, rep, "SLURM_STEP_GPUS"))
+		if rep.Env["CUDA_VISIBLE_DEVICES"] != "0" {
+			t.Errorf("CUDA_VISIBLE_DEVICES=%q, want 0", rep.Env["CUDA_VISIBLE_DEVICES"])
+		}
+
+		cpu, r := st.srun(t, forged)
+		mustOK(t, r)
+		st.expectGPUs(t, cpu, nil)
+
+		// Forged before sbatch (the batch step keeps a forged
+		// SLURM_STEP_GPUS) and exported again inside the script
+		// before srun.
+		out := filepath.Join(st.c.Root(), "work", "forged.$SLURM_JOB_ID")
+		script := fmt.Sprintf("%s -env %s > %s.batch\nexport %s\nsrun --gres=gpu:1 %s -env %s > %s.step\n",
+			st.open, strings.Join(st.paths(), " "), out, strings.Join(forged, " "), st.open, strings.Join(st.paths(), " "), out)
+		id := st.submit(t, forged, []string{"--gres=gpu:1"}, script)
+		batch := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".batch")
+		if batch.Env["SLURM_STEP_GPUS"] != "0,1,2,3" {
+			t.Logf("note: the batch step's forged SLURM_STEP_GPUS was %q", batch.Env["SLURM_STEP_GPUS"])
+		}
+		st.expectGPUs(t, batch, gpusOf(t, batch, "SLURM_JOB_GPUS"))
+		step := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".step")
+		st.expectGPUs(t, step, gpusOf(t, step, "SLURM_STEP_GPUS"))
+	})
+
+	t.Run("device node made elsewhere", func(t *testing.T) {
+		alt := filepath.Join(st.c.Root(), "work", fmt.Sprintf("alt-%d", time.Now().UnixNano()))
+		if err := os.MkdirAll(alt, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(alt)
+		var paths []string
+		for i := range 4 {
+			p := filepath.Join(alt, fmt.Sprintf("gpu%d", i))
+			if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(195, uint32(i)))); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(p, 0o666); err != nil { // mknod applies the umask
+				t.Fatal(err)
+			}
+			paths = append(paths, p)
+		}
+		r := st.c.Run(st.ctx, user, "srun", append([]string{"--gres=gpu:1", st.open, "-env"}, paths...)...)
+		mustOK(t, r)
+		rep := cluster.ParseOpen(r.Stdout)
+		own := gpusOf(t, rep, "SLURM_STEP_GPUS")
+		for i, p := range paths {
+			want := "EPERM"
+			if slices.Contains(own, i) {
+				want = "ENXIO"
+			}
+			if rep.Open[p] != want {
+				t.Errorf("%s (195:%d): %q, want %s", p, i, rep.Open[p], want)
+			}
+		}
+	})
+
+	t.Run("local numbering of a job holding GPU 2", func(t *testing.T) {
+		// Hold GPUs 0 and 1 so the next job gets 2.
+		holder := st.hold(t, 2)
+		defer holder()
+		rep, r := st.srun(t, nil, "--gres=gpu:1")
+		mustOK(t, r)
+		g := gpusOf(t, rep, "SLURM_STEP_GPUS")
+		if !slices.Equal(g, []int{2}) {
+			t.Fatalf("job got GPU %v, want [2] (0 and 1 are held)", g)
+		}
+		st.expectGPUs(t, rep, g)
+		if rep.Env["CUDA_VISIBLE_DEVICES"] != "0" || rep.Env["GPU_DEVICE_ORDINAL"] != "0" {
+			t.Errorf("CUDA_VISIBLE_DEVICES=%q GPU_DEVICE_ORDINAL=%q, want the local 0", rep.Env["CUDA_VISIBLE_DEVICES"], rep.Env["GPU_DEVICE_ORDINAL"])
+		}
+	})
+
+	t.Run("process adopted into the extern step", func(t *testing.T) {
+		release := st.hold(t, 1)
+		defer release()
+		leaf, jobGPUs := st.externLeaf(t)
+		rep := st.runIn(t, leaf)
+		st.expectGPUs(t, rep, jobGPUs)
+	})
+}
+
+// submit runs an sbatch script as the job user and waits for it to finish
+// with COMPLETED; env is set in sbatch's environment.
+func (st *suite) submit(t *testing.T, env, args []string, script string) string {
+	t.Helper()
+	f := filepath.Join(st.c.Root(), "work", fmt.Sprintf("script-%d.sh", time.Now().UnixNano()))
+	if err := os.WriteFile(f, []byte("#!/bin/sh\n"+script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(st.c.Root(), "work", "slurm-%j.out")
+	full := append([]string{"--parsable", "-o", out}, args...)
+	r := st.c.RunEnv(st.ctx, user, env, "sbatch", append(full, f)...)
+	mustOK(t, r)
+	id := strings.TrimSpace(strings.Split(r.Stdout, ";")[0])
+	state, err := st.c.WaitJob(st.ctx, id)
+	log, _ := os.ReadFile(strings.ReplaceAll(out, "%j", id))
+	if err != nil || state != "COMPLETED" {
+		t.Fatalf("job %s: state %q, %v\n%s", id, state, err, log)
+	}
+	return id
+}
+
+// sbatch runs one command as a batch script and parses its output.
+func (st *suite) sbatch(t *testing.T, env, args []string, cmd string) cluster.OpenReport {
+	t.Helper()
+	id := st.submit(t, env, args, cmd+"\n")
+	return st.readOut(t, filepath.Join(st.c.Root(), "work", "slurm-"+id+".out"))
+}
+
+func (st *suite) readOut(t *testing.T, path string) cluster.OpenReport {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := cluster.ParseOpen(string(b))
+	if len(rep.Open) == 0 {
+		t.Fatalf("%s has no probe output:\n%s", path, b)
+	}
+	return rep
+}
+
+// hold starts a job holding n GPUs until the returned func is called, and
+// waits until its extern step is registered.
+func (st *suite) hold(t *testing.T, n int) func() {
+	t.Helper()
+	r := st.c.Run(st.ctx, user, "sbatch", "--parsable", fmt.Sprintf("--gres=gpu:%d", n), "-o", "/dev/null", "--wrap", "sleep 300")
+	mustOK(t, r)
+	id := strings.TrimSpace(r.Stdout)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		q := st.c.Run(st.ctx, "", "squeue", "-h", "-j", id, "-o", "%T")
+		if strings.TrimSpace(q.Stdout) == "RUNNING" && st.jobCgroup(id) != "" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return func() {
+		st.c.Run(st.ctx, "", "scancel", id)
+		st.c.WaitJob(st.ctx, id)
+	}
+}
+
+// jobCgroup finds the cgroup of a running job from its batch step's
+// processes, the same way the agent does (never from the job id alone).
+func (st *suite) jobCgroup(id string) string {
+	entries, _ := os.ReadDir(st.c.ScopeDir())
+	for _, e := range entries {
+		dir := filepath.Join(st.c.ScopeDir(), e.Name())
+		if e.IsDir() && e.Name() == "job_"+id {
+			if _, err := os.Stat(filepath.Join(dir, "step_batch")); err == nil {
+				return dir
+			}
+		}
+	}
+	return ""
+}
+
+// externLeaf returns a populated leaf cgroup of the newest running job's
+// extern step (where pam_slurm_adopt puts ssh sessions) and that job's GPUs.
+func (st *suite) externLeaf(t *testing.T) (string, []int) {
+	t.Helper()
+	q := st.c.Run(st.ctx, "", "squeue", "-h", "-t", "R", "-o", "%i", "--sort=-i")
+	id := strings.Fields(q.Stdout)[0]
+	d := st.c.Run(st.ctx, "", "scontrol", "show", "job", "-d", id)
+	var gpus []int
+	if _, rest, ok := strings.Cut(d.Stdout, "(IDX:"); ok {
+		list, _, _ := strings.Cut(rest, ")")
+		var err error
+		if gpus, err = policy.ParseGPUList(list); err != nil {
+			t.Fatalf("scontrol GRES index %q: %v", list, err)
+		}
+	}
+	if len(gpus) == 0 {
+		t.Fatalf("no GPU index for job %s in scontrol:\n%s", id, d.Stdout)
+	}
+	var leaf string
+	filepath.Walk(filepath.Join(st.c.ScopeDir(), "job_"+id, "step_extern"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.IsDir() {
+			if b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs")); len(strings.TrimSpace(string(b))) > 0 {
+				leaf = p
+			}
+		}
+		return nil
+	})
+	if leaf == "" {
+		t.Fatalf("job %s has no populated extern step cgroup", id)
+	}
+	return leaf, gpus
+}
+
+// runIn starts gf-open as the job user directly inside cgroup dir, as
+// pam_slurm_adopt does with an ssh session.
+func (st *suite) runIn(t *testing.T, dir string) cluster.OpenReport {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	uid, gid := lookup(t)
+	cmd := exec.Command(st.open, append([]string{"-env"}, st.paths()...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd, Credential: &syscall.Credential{Uid: uid, Gid: gid}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gf-open in %s: %v\n%s", dir, err, out)
+	}
+	rep := cluster.ParseOpen(string(out))
+	if !strings.HasSuffix(dir, rep.Cgroup) {
+		t.Fatalf("gf-open ran in %s, want %s", rep.Cgroup, dir)
+	}
+	return rep
+}
+
+func lookup(t *testing.T) (uint32, uint32) {
+	out, err := exec.Command("id", "-u", user).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outg, _ := exec.Command("id", "-g", user).Output()
+	var u, g uint32
+	fmt.Sscan(string(out), &u)
+	fmt.Sscan(string(outg), &g)
+	return u, g
+}
+
+// TestPrivilegedConstrainDevices: with Slurm's own device filter on as well,
+// every property still holds and no job fails.
+func TestPrivilegedConstrainDevices(t *testing.T) {
+	st := get(t)
+	if err := st.c.RestartSlurmd(true); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := st.c.RestartSlurmd(false); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	isolationChecks(t, st)
+}
+
+// TestPrivilegedAgentDown: with the agent stopped, GPU jobs fail at launch
+// with a message naming gpufence, no task runs, and the node stays usable.
+func TestPrivilegedAgentDown(t *testing.T) {
+	st := get(t)
+	if err := st.agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := st.startAgent(); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	rep, r := st.srun(t, nil, "--gres=gpu:1")
+	if r.Code == 0 {
+		t.Errorf("srun succeeded with the agent down:\n%s", r)
+	}
+	if !strings.Contains(r.Stderr, "gpufence") || !strings.Contains(r.Stderr, "cannot reach the gpufence agent") {
+		t.Errorf("srun's stderr does not name gpufence:\n%s", r.Stderr)
+	}
+	if len(rep.Open) != 0 {
+		t.Errorf("the task ran although the step was refused:\n%s", r.Stdout)
+	}
+
+	// A batch job fails (exit 1) with the message in its output, its script
+	// never runs, and the node is not drained.
+	marker := filepath.Join(st.c.Root(), "work", "batch-ran")
+	out := filepath.Join(st.c.Root(), "work", "down-%j.out")
+	sb := st.c.Run(st.ctx, user, "sbatch", "--parsable", "--gres=gpu:1", "-o", out, "--wrap", "touch "+marker)
+	mustOK(t, sb)
+	id := strings.TrimSpace(sb.Stdout)
+	state, err := st.c.WaitJob(st.ctx, id)
+	log, _ := os.ReadFile(strings.ReplaceAll(out, "%j", id))
+	if err != nil || state != "FAILED" {
+		t.Errorf("batch job with the agent down: state %q (%v), want FAILED\n%s", state, err, log)
+	}
+	if !strings.Contains(string(log), "gpufence") {
+		t.Errorf("batch output does not name gpufence:\n%s", log)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the batch script ran although its step was not registered")
+	}
+	node := st.c.Run(st.ctx, "", "sinfo", "-h", "-o", "%t")
+	if s := strings.TrimSpace(node.Stdout); strings.HasPrefix(s, "drain") || strings.HasPrefix(s, "down") {
+		t.Errorf("node is %q after the refused batch job", s)
+	}
+}
+
+// TestPrivilegedZLeftovers runs last (go test runs tests in source order):
+// once every job is gone, the kernel holds only the exempt entries.
+func TestPrivilegedZLeftovers(t *testing.T) {
+	st := get(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if q := st.c.Run(st.ctx, "", "squeue", "-h"); strings.TrimSpace(q.Stdout) == "" {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var n int
+	var err error
+	for time.Now().Before(deadline) {
+		if n, err = policyEntries(st.c.ScopeDir()); err == nil && n == 2 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil || n != 2 {
+		t.Errorf("policy entries after all jobs ended: %d (%v), want 2 (system and slurmd)", n, err)
+	}
+}
+
+// policyEntries counts the entries of the policies map of the device filter
+// attached to the scope, read from the kernel.
+func policyEntries(scope string) (int, error) {
+	fd, err := unix.Open(scope, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	res, err := link.QueryPrograms(link.QueryOptions{Target: fd, Attach: ebpf.AttachCGroupDevice})
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range res.Programs {
+		if n, found, err := countPolicies(p.ID); found || err != nil {
+			return n, err
+		}
+	}
+	return 0, fmt.Errorf("no gpufence device filter attached to %s", scope)
+}
+
+func countPolicies(id ebpf.ProgramID) (int, bool, error) {
+	prog, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return 0, false, err
+	}
+	info, err := prog.Info()
+	prog.Close()
+	if err != nil {
+		return 0, false, err
+	}
+	ids, _ := info.MapIDs()
+	for _, mid := range ids {
+		m, err := ebpf.NewMapFromID(mid)
+		if err != nil {
+			return 0, false, err
+		}
+		mi, _ := m.Info()
+		if mi.Name != "policies" {
+			m.Close()
+			continue
+		}
+		n := 0
+		var k uint64
+		v := make([]byte, m.ValueSize())
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			n++
+		}
+		m.Close()
+		return n, true, it.Err()
+	}
+	return 0, false, nil
+}
