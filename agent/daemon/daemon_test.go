@@ -189,7 +189,10 @@ func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
 
 type testWriter struct{ t *testing.T }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 type logBuffer struct{ strings.Builder }
 
