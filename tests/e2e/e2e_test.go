@@ -286,8 +286,11 @@ func isolationChecks(t *testing.T, st *suite) {
 	t.Run("two concurrent jobs", func(t *testing.T) {
 		// Each job opens its devices while the other one runs: both
 		// start, then wait for each other through files, then probe.
-		dir := t.TempDir()
-		os.Chmod(dir, 0o777)
+		dir := filepath.Join(st.c.Root(), "work", fmt.Sprintf("meet-%d", time.Now().UnixNano()))
+		if err := os.Mkdir(dir, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(dir, 0o777) // the job user creates its marker here
 		reps := make([]cluster.OpenReport, 2)
 		results := make([]cluster.Result, 2)
 		var wg sync.WaitGroup
@@ -398,10 +401,10 @@ func isolationChecks(t *testing.T, st *suite) {
 
 	t.Run("process adopted into the extern step", func(t *testing.T) {
 		release := st.hold(t, 1)
-		defer release()
 		leaf, jobGPUs := st.externLeaf(t)
 		rep := st.runIn(t, leaf)
 		st.expectGPUs(t, rep, jobGPUs)
+		release()
 	})
 }
 
@@ -554,15 +557,36 @@ func lookup(t *testing.T) (uint32, uint32) {
 // every property still holds and no job fails.
 func TestPrivilegedConstrainDevices(t *testing.T) {
 	st := get(t)
+	st.waitIdle(t)
 	if err := st.c.RestartSlurmd(true); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
+		// A slurmd restarted while a job is still completing leaves the
+		// node allocated for minutes.
+		st.waitIdle(t)
 		if err := st.c.RestartSlurmd(false); err != nil {
 			t.Fatal(err)
 		}
 	}()
 	isolationChecks(t, st)
+}
+
+// waitIdle waits until the node has no job left, and shows Slurm's view if
+// it never gets there.
+func (st *suite) waitIdle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		r := st.c.Run(st.ctx, "", "sinfo", "-h", "-o", "%t")
+		if strings.TrimSpace(r.Stdout) == "idle" {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	q := st.c.Run(st.ctx, "", "squeue", "-t", "all", "-o", "%i %T %r %j")
+	n := st.c.Run(st.ctx, "", "scontrol", "show", "node")
+	t.Fatalf("node never became idle:\n%s\n%s", q.Stdout, n.Stdout)
 }
 
 // TestPrivilegedAgentDown: with the agent stopped, GPU jobs fail at launch
