@@ -22,10 +22,10 @@ help: ## list targets
 build: $(GPUFENCE) $(SPANK_C) $(SPANK_GO) ## build the agent/CLI and the SPANK plugin
 
 $(GPUFENCE): FORCE
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(GO_LDFLAGS)' -o $@ ./agent/cmd/gpufence
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(GO_LDFLAGS)' -o $@ ./agent/cmd/gpufence
 
 $(SPANK_GO): FORCE
-	CGO_ENABLED=1 $(GO) build -trimpath -buildmode=c-shared -ldflags '$(GO_LDFLAGS)' -o $@ ./spank/goclient
+	CGO_ENABLED=1 $(GO) build -trimpath -buildvcs=false -buildmode=c-shared -ldflags '$(GO_LDFLAGS)' -o $@ ./spank/goclient
 	@rm -f $(BIN)/spank_gpufence_go.h
 
 $(SPANK_C): $(wildcard spank/plugin/*.c spank/plugin/*.h spank/plugin/*.map) spank/goclient/goclient.h
