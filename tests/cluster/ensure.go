@@ -37,6 +37,11 @@ type Setup struct {
 	Installed       []string `json:"installed,omitempty"` // packages are left installed
 	CreatedUser     bool     `json:"created_user"`
 	CreatedMungeKey bool     `json:"created_munge_key"`
+	// Holder is this user of the setup in the shared registry (see
+	// registry.go): the user and key are removed only when the last
+	// holder tears down, so concurrent test binaries never pull them from
+	// under each other.
+	Holder string `json:"holder,omitempty"`
 }
 
 // Ensure installs Slurm and munge when missing, creates a munge key when
@@ -48,7 +53,12 @@ func Ensure(ctx context.Context, logf func(string, ...any)) (*Setup, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("cluster.Ensure needs root")
 	}
-	s := &Setup{}
+	reg, err := lockRegistry()
+	if err != nil {
+		return nil, err
+	}
+	defer reg.unlock()
+	s := &Setup{Holder: processHolder()}
 	var missing []string
 	for _, p := range packages {
 		if _, err := os.Stat(p.bin); err != nil {
@@ -73,6 +83,7 @@ func Ensure(ctx context.Context, logf func(string, ...any)) (*Setup, error) {
 		}
 		logf("created %s", mungeKey)
 		s.CreatedMungeKey = true
+		reg.st.CreatedMungeKey = true
 	}
 	if _, err := user.Lookup(TestUser); err != nil {
 		args := []string{"-M", "-s", "/bin/bash", "-U"}
@@ -85,8 +96,10 @@ func Ensure(ctx context.Context, logf func(string, ...any)) (*Setup, error) {
 		}
 		logf("created user %s", TestUser)
 		s.CreatedUser = true
+		reg.st.CreatedUser = true
 	}
-	return s, nil
+	reg.add(s.Holder)
+	return s, reg.save()
 }
 
 func createMungeKey() error {
@@ -125,24 +138,51 @@ func (s *Setup) Teardown(logf func(string, ...any)) error {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
+	reg, err := lockRegistry()
+	if err != nil {
+		return err
+	}
+	defer reg.unlock()
+	reg.remove(s.Holder)
+	s.Holder = ""
+	if others := reg.live(); len(others) > 0 {
+		logf("test user kept: still used by %s", strings.Join(others, ", "))
+		return reg.save()
+	}
 	var errs []error
-	if s.CreatedUser {
+	if reg.st.CreatedUser {
 		if out, err := runCmd(context.Background(), nil, "userdel", TestUser); err != nil {
 			errs = append(errs, fmt.Errorf("userdel %s: %w\n%s", TestUser, err, out))
 		} else {
 			logf("removed user %s", TestUser)
-			s.CreatedUser = false
+			reg.st.CreatedUser = false
 		}
 	}
-	if s.CreatedMungeKey {
+	if reg.st.CreatedMungeKey {
 		if err := os.Remove(mungeKey); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, err)
 		} else {
 			logf("removed %s", mungeKey)
-			s.CreatedMungeKey = false
+			reg.st.CreatedMungeKey = false
 		}
 	}
+	s.CreatedUser, s.CreatedMungeKey = false, false
+	errs = append(errs, reg.save())
 	return joinErrs(errs)
+}
+
+// HoldFor moves this setup's hold from the calling process to a cluster
+// root that outlives it (gfcluster up): the hold lasts while root exists.
+func (s *Setup) HoldFor(root string) error {
+	reg, err := lockRegistry()
+	if err != nil {
+		return err
+	}
+	defer reg.unlock()
+	reg.remove(s.Holder)
+	s.Holder = "root:" + root
+	reg.add(s.Holder)
+	return reg.save()
 }
 
 func runCmd(ctx context.Context, env []string, name string, args ...string) (string, error) {

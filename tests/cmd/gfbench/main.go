@@ -170,14 +170,6 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}()
 	logf("cluster up in %s (%s)", c.Root(), time.Since(t0).Round(time.Millisecond))
-	// A test run that held the lock while we waited may have removed the
-	// job user it had created (its teardown) after our first Ensure.
-	again, err := cluster.Ensure(ctx, logf)
-	if err != nil {
-		return err
-	}
-	setup.CreatedUser = setup.CreatedUser || again.CreatedUser
-	setup.CreatedMungeKey = setup.CreatedMungeKey || again.CreatedMungeKey
 	rep.Host = c.Hostname()
 	if r := c.Run(ctx, "", "srun", "--version"); r.Code == 0 {
 		rep.Slurm = strings.TrimSpace(r.Stdout)

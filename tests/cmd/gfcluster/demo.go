@@ -42,6 +42,7 @@ func demo(ctx context.Context, args []string) error {
 	var agent *cluster.Process
 	defer func() {
 		if *keep {
+			setup.HoldFor(c.Root())
 			c.SetSetup(setup)
 			os.WriteFile(currentFile, []byte(c.Root()), 0o644)
 			fmt.Printf("\nThe cluster keeps running: export SLURM_CONF=%s; stop it with `gfcluster down`.\n", c.SlurmConf())

@@ -102,6 +102,9 @@ func up(ctx context.Context, args []string) error {
 	if err != nil {
 		return errors.Join(err, setup.Teardown(logf))
 	}
+	if err := setup.HoldFor(c.Root()); err != nil {
+		return errors.Join(err, c.Stop(), setup.Teardown(logf))
+	}
 	if err := c.SetSetup(setup); err != nil {
 		return errors.Join(err, c.Stop(), setup.Teardown(logf))
 	}
