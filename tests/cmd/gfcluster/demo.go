@@ -77,7 +77,7 @@ func demo(ctx context.Context, args []string) error {
 	title := func(s string) { fmt.Printf("\n\033[1m== %s\033[0m\n", s) }
 	show := func(r cluster.Result) {
 		rep := cluster.ParseOpen(r.Stdout)
-		fmt.Printf("   SLURM_STEP_GPUS=%s  CUDA_VISIBLE_DEVICES=%s\n", or(rep.Env["SLURM_STEP_GPUS"], rep.Env["SLURM_JOB_GPUS"]), rep.Env["CUDA_VISIBLE_DEVICES"])
+		fmt.Printf("   SLURM_STEP_GPUS=%s  CUDA_VISIBLE_DEVICES=%s\n", or(rep.Env["SLURM_STEP_GPUS"], "(unset)"), or(rep.Env["CUDA_VISIBLE_DEVICES"], "(unset)"))
 		for i, p := range c.DevPaths() {
 			verdict := "denied by the kernel (EPERM)"
 			if rep.Open[p] == "ENXIO" || rep.Open[p] == "OK" {
@@ -133,7 +133,7 @@ func demo(ctx context.Context, args []string) error {
 			fmt.Printf("   %s\n", l)
 		}
 	}
-	fmt.Println("\nDone. Logs are in", filepath.Join(c.Root(), "logs"), "while the cluster runs.")
+	fmt.Println("\nDone. Run `gfcluster demo --keep` to keep the cluster and its logs afterwards.")
 	return nil
 }
 
@@ -170,13 +170,13 @@ func printDenials(path string, n int) {
 	for _, l := range lines {
 		var keep []string
 		for _, kv := range strings.Fields(l) {
-			for _, k := range []string{"msg=", "job_id=", "step_id=", "uid=", "pid=", "comm=", "gpu=", "device="} {
+			for _, k := range []string{"job_id=", "step_id=", "uid=", "pid=", "comm=", "gpu=", "device="} {
 				if strings.HasPrefix(kv, k) {
 					keep = append(keep, kv)
 				}
 			}
 		}
-		fmt.Println("   " + strings.Join(keep, " "))
+		fmt.Println("   denied: " + strings.Join(keep, " "))
 	}
 	if len(lines) == 0 {
 		fmt.Println("   (none found in", path+")")
