@@ -15,16 +15,22 @@
 // `policies` hash by the id of its ancestor at scope level + 2 (the step),
 // then at scope level + 1 (the job, or `system`/`slurmd`). No entry: no GPU.
 //
-// devfilter_cgroup (fallback, Linux >= 5.8 for the ring buffer): attached with
+// devfilter_cgroup (fallback, Linux >= 5.12: ring buffer, and atomic
+// fetch-and-add for the rate limit, built with -mcpu=v3): attached with
 // BPF_F_ALLOW_MULTI to each cgroup that gets a policy, the policy kept in the
 // attachment's cgroup storage. Nothing sits on the scope in this mode, so a
 // job cgroup that was never registered is NOT narrowed by the kernel; the
 // SPANK plugin refuses to start steps it could not register instead.
 // Storage is zeroed between attach and the first write: no GPU in between.
 //
-// Every denied access is reported through the `events` ring buffer; when it is
-// full, `lost` counts the event and the access is still denied: enforcement
-// never depends on the audit path.
+// Audit: every denied access (or, in audit-only mode, every access that
+// would have been denied, which is then allowed) is reported through the
+// `events` ring buffer, and allowed accesses as `audit_allowed` says. Reports
+// are rate-limited per cgroup + device + decision in `rate`; every access
+// that is not reported is counted there, so events + suppressed + lost add
+// up exactly to the accesses. When the ring buffer is full, `lost` counts
+// the event and the decision stands: enforcement never depends on the audit
+// path.
 
 #include "uapi.h"
 #include "bpf_helpers.h"
@@ -40,12 +46,29 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 enum decision {
 	DECISION_DENIED = 1,
 	DECISION_ALLOWED = 2,
+	// Audit-only mode: allowed, but the policy would have denied it.
+	DECISION_WOULD_DENY = 3,
+};
+
+enum audit_allowed {
+	AUDIT_ALLOWED_NONE = 0,
+	// Only the first allowed access per cgroup + device is reported; the
+	// others are counted as suppressed.
+	AUDIT_ALLOWED_FIRST = 1,
+	AUDIT_ALLOWED_ALL = 2,
 };
 
 struct filter_config {
 	// Level of the scope cgroup below the cgroup2 root (root is 0).
 	__u32 scope_level;
 	__u32 nvidia_major;
+	// Non-zero: allow everything, report would-be denials.
+	__u32 audit_only;
+	__u32 audit_allowed;
+	__u64 rate_window_ns;
+	// Events per rate key and window; the rest are counted as suppressed.
+	__u32 rate_burst;
+	__u32 _pad;
 };
 
 struct policy {
@@ -72,6 +95,24 @@ struct event {
 	__u8 _pad1;
 	char comm[16];
 	__u32 _pad2;
+	// suppressed_total of the event's rate key when it was emitted.
+	__u64 suppressed;
+};
+
+struct rate_key {
+	__u64 cgroup_id;
+	__u32 major;
+	__u32 minor;
+	__u32 decision;
+	__u32 _pad;
+};
+
+struct rate_value {
+	__u64 window_start_ns;
+	// Accesses of the key since window_start_ns, reported or not.
+	__u64 in_window;
+	// Accesses of the key never reported, since the entry was created.
+	__u64 suppressed_total;
 };
 
 struct {
@@ -94,17 +135,35 @@ struct {
 	__type(value, struct policy);
 } storage SEC(".maps");
 
+// Not LRU: an evicted entry would take its suppressed count with it. The
+// agent deletes the entries of cgroups that are gone.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct rate_key);
+	__type(value, struct rate_value);
+} rate SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } events SEC(".maps");
 
+// Events the ring buffer had no room for, per CPU.
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u64);
 } lost SEC(".maps");
+
+// Events emitted without rate limiting because `rate` was full, per CPU.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} rate_full SEC(".maps");
 
 // Only the fields the fallback program reads; CO-RE relocates them against
 // the running kernel's BTF.
@@ -117,6 +176,9 @@ struct task_struct {
 // Force the types the Go side needs into BTF for bpf2go -type.
 const struct event *unused_event __attribute__((unused));
 const enum decision *unused_decision __attribute__((unused));
+const enum audit_allowed *unused_audit_allowed __attribute__((unused));
+const struct rate_key *unused_rate_key __attribute__((unused));
+const struct rate_value *unused_rate_value __attribute__((unused));
 
 // gpu_minor returns the minor when the access is narrowed by gpufence, or -1.
 static __always_inline int gpu_minor(const struct bpf_cgroup_dev_ctx *ctx,
@@ -138,26 +200,91 @@ static __always_inline int allowed(const struct policy *p, int minor)
 	return (p->minors[(minor >> 6) & 3] >> (minor & 63)) & 1;
 }
 
-static __always_inline void count_lost(void)
+// count_per_cpu adds one to a per-CPU counter. Atomically: a cgroup program
+// runs with migration, not preemption, disabled, so two runs can interleave
+// on one CPU.
+static __always_inline void count_per_cpu(void *map)
 {
 	__u32 key = 0;
-	__u64 *n = bpf_map_lookup_elem(&lost, &key);
+	__u64 *n = bpf_map_lookup_elem(map, &key);
 
 	if (n)
-		*n += 1;
+		__sync_fetch_and_add(n, 1);
 }
 
-// reserve_event fills what both programs know; the caller adds the task.
-static __always_inline struct event *
-reserve_event(const struct bpf_cgroup_dev_ctx *ctx, __u64 cgroup_id,
-	      __u8 decision)
+static __always_inline const struct filter_config *get_config(void)
 {
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	__u64 uid_gid;
+	__u32 key = 0;
 
-	if (!e) {
-		count_lost();
+	return bpf_map_lookup_elem(&config, &key);
+}
+
+// rate_limit decides whether to report an access of key: 1, with *suppressed
+// set to the key's suppressed total, or 0 after counting it as suppressed.
+// Each access lands in exactly one of "reported" and "suppressed"; races
+// between CPUs can only move a window boundary or let a window report a few
+// more than the burst, never lose a count.
+static __always_inline int rate_limit(const struct filter_config *cfg,
+				      struct rate_key *key, int first_only,
+				      __u64 *suppressed)
+{
+	struct rate_value *v, nv;
+	__u64 now = bpf_ktime_get_ns();
+
+	*suppressed = 0;
+	v = bpf_map_lookup_elem(&rate, key);
+	if (!v) {
+		nv.window_start_ns = now;
+		nv.in_window = 1;
+		nv.suppressed_total = 0;
+		if (bpf_map_update_elem(&rate, key, &nv, BPF_NOEXIST) == 0)
+			return 1;
+		// Another CPU created it meanwhile, or the map is full.
+		v = bpf_map_lookup_elem(&rate, key);
+		if (!v) {
+			count_per_cpu(&rate_full);
+			return 1;
+		}
+	}
+	if (first_only) {
+		__sync_fetch_and_add(&v->suppressed_total, 1);
 		return 0;
+	}
+	if (now - v->window_start_ns >= cfg->rate_window_ns) {
+		v->window_start_ns = now;
+		v->in_window = 0;
+	}
+	if (__sync_fetch_and_add(&v->in_window, 1) >= cfg->rate_burst) {
+		__sync_fetch_and_add(&v->suppressed_total, 1);
+		return 0;
+	}
+	*suppressed = *(volatile __u64 *)&v->suppressed_total;
+	return 1;
+}
+
+// audit reports an access unless rate-limited. scope is a constant: the
+// fallback program must not call the helpers only the scope program has.
+static __always_inline void audit(const struct bpf_cgroup_dev_ctx *ctx,
+				  const struct filter_config *cfg,
+				  __u64 cgroup_id, __u8 decision, int first_only,
+				  const int scope)
+{
+	struct rate_key key = {};
+	struct task_struct *task;
+	__u64 suppressed, uid_gid, pid_tgid;
+	struct event *e;
+
+	key.cgroup_id = cgroup_id;
+	key.major = ctx->major;
+	key.minor = ctx->minor;
+	key.decision = decision;
+	if (!rate_limit(cfg, &key, first_only, &suppressed))
+		return;
+
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_per_cpu(&lost);
+		return;
 	}
 	e->cgroup_id = cgroup_id;
 	e->ktime_ns = bpf_ktime_get_ns();
@@ -170,14 +297,47 @@ reserve_event(const struct bpf_cgroup_dev_ctx *ctx, __u64 cgroup_id,
 	e->decision = decision;
 	e->_pad1 = 0;
 	e->_pad2 = 0;
-	return e;
+	e->suppressed = suppressed;
+	if (scope) {
+		pid_tgid = bpf_get_current_pid_tgid();
+		e->pid = (__u32)pid_tgid;
+		e->tgid = (__u32)(pid_tgid >> 32);
+		bpf_get_current_comm(e->comm, sizeof(e->comm));
+	} else {
+		// bpf_get_current_pid_tgid and bpf_get_current_comm are not
+		// offered to this program type before 6.4; read the task instead.
+		__builtin_memset(e->comm, 0, sizeof(e->comm));
+		task = (struct task_struct *)bpf_get_current_task();
+		if (bpf_probe_read_kernel(&e->pid, sizeof(e->pid), &task->pid))
+			e->pid = 0;
+		if (bpf_probe_read_kernel(&e->tgid, sizeof(e->tgid), &task->tgid))
+			e->tgid = 0;
+		if (bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), task->comm) < 0)
+			e->comm[0] = 0;
+	}
+	bpf_ringbuf_submit(e, 0);
 }
 
-static __always_inline const struct filter_config *get_config(void)
+// decide returns the verdict for an access of a GPU minor under policy p
+// (NULL: none) of cgroup_id, and reports it as configured.
+static __always_inline int decide(const struct bpf_cgroup_dev_ctx *ctx,
+				  const struct filter_config *cfg,
+				  const struct policy *p, __u64 cgroup_id,
+				  int minor, const int scope)
 {
-	__u32 key = 0;
-
-	return bpf_map_lookup_elem(&config, &key);
+	if (allowed(p, minor)) {
+		if (cfg->audit_allowed == AUDIT_ALLOWED_FIRST)
+			audit(ctx, cfg, cgroup_id, DECISION_ALLOWED, 1, scope);
+		else if (cfg->audit_allowed == AUDIT_ALLOWED_ALL)
+			audit(ctx, cfg, cgroup_id, DECISION_ALLOWED, 0, scope);
+		return 1;
+	}
+	if (cfg->audit_only) {
+		audit(ctx, cfg, cgroup_id, DECISION_WOULD_DENY, 0, scope);
+		return 1;
+	}
+	audit(ctx, cfg, cgroup_id, DECISION_DENIED, 0, scope);
+	return 0;
 }
 
 SEC("cgroup/dev")
@@ -185,8 +345,7 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 {
 	const struct filter_config *cfg = get_config();
 	const struct policy *p = 0;
-	struct event *e;
-	__u64 id, id1, id2, pid_tgid;
+	__u64 id, id1, id2;
 	int minor;
 
 	// Unreachable (an array lookup of key 0 never fails); never narrow
@@ -208,18 +367,7 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 		if (p || !id2)
 			id = id1;
 	}
-	if (allowed(p, minor))
-		return 1;
-
-	e = reserve_event(ctx, id, DECISION_DENIED);
-	if (e) {
-		pid_tgid = bpf_get_current_pid_tgid();
-		e->pid = (__u32)pid_tgid;
-		e->tgid = (__u32)(pid_tgid >> 32);
-		bpf_get_current_comm(e->comm, sizeof(e->comm));
-		bpf_ringbuf_submit(e, 0);
-	}
-	return 0;
+	return decide(ctx, cfg, p, id, minor, 1);
 }
 
 SEC("cgroup/dev")
@@ -227,8 +375,6 @@ int devfilter_cgroup(struct bpf_cgroup_dev_ctx *ctx)
 {
 	const struct filter_config *cfg = get_config();
 	const struct policy *p;
-	struct task_struct *task;
-	struct event *e;
 	int minor;
 
 	// Unreachable (an array lookup of key 0 never fails); never narrow
@@ -239,23 +385,7 @@ int devfilter_cgroup(struct bpf_cgroup_dev_ctx *ctx)
 	if (minor < 0)
 		return 1;
 
+	// Never NULL for a program attached with cgroup storage.
 	p = bpf_get_local_storage(&storage, 0);
-	if (allowed(p, minor))
-		return 1;
-
-	e = reserve_event(ctx, p->cgroup_id, DECISION_DENIED);
-	if (e) {
-		// bpf_get_current_pid_tgid and bpf_get_current_comm are not
-		// offered to this program type before 6.4; read the task instead.
-		__builtin_memset(e->comm, 0, sizeof(e->comm));
-		task = (struct task_struct *)bpf_get_current_task();
-		if (bpf_probe_read_kernel(&e->pid, sizeof(e->pid), &task->pid))
-			e->pid = 0;
-		if (bpf_probe_read_kernel(&e->tgid, sizeof(e->tgid), &task->tgid))
-			e->tgid = 0;
-		if (bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), task->comm) < 0)
-			e->comm[0] = 0;
-		bpf_ringbuf_submit(e, 0);
-	}
-	return 0;
+	return decide(ctx, cfg, p, p->cgroup_id, minor, 0);
 }

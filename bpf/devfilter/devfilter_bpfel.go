@@ -13,6 +13,14 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type devfilterAuditAllowed uint32
+
+const (
+	devfilterAuditAllowedAUDIT_ALLOWED_NONE  devfilterAuditAllowed = 0
+	devfilterAuditAllowedAUDIT_ALLOWED_FIRST devfilterAuditAllowed = 1
+	devfilterAuditAllowedAUDIT_ALLOWED_ALL   devfilterAuditAllowed = 2
+)
+
 type devfilterBpfCgroupStorageKey struct {
 	_             structs.HostLayout
 	CgroupInodeId uint64
@@ -23,31 +31,38 @@ type devfilterBpfCgroupStorageKey struct {
 type devfilterDecision uint32
 
 const (
-	devfilterDecisionDECISION_DENIED  devfilterDecision = 1
-	devfilterDecisionDECISION_ALLOWED devfilterDecision = 2
+	devfilterDecisionDECISION_DENIED     devfilterDecision = 1
+	devfilterDecisionDECISION_ALLOWED    devfilterDecision = 2
+	devfilterDecisionDECISION_WOULD_DENY devfilterDecision = 3
 )
 
 type devfilterEvent struct {
-	_        structs.HostLayout
-	CgroupId uint64
-	KtimeNs  uint64
-	Pid      uint32
-	Tgid     uint32
-	Uid      uint32
-	Gid      uint32
-	Major    uint32
-	Minor    uint32
-	Access   uint16
-	Decision uint8
-	Pad1     uint8
-	Comm     [16]int8
-	Pad2     uint32
+	_          structs.HostLayout
+	CgroupId   uint64
+	KtimeNs    uint64
+	Pid        uint32
+	Tgid       uint32
+	Uid        uint32
+	Gid        uint32
+	Major      uint32
+	Minor      uint32
+	Access     uint16
+	Decision   uint8
+	Pad1       uint8
+	Comm       [16]int8
+	Pad2       uint32
+	Suppressed uint64
 }
 
 type devfilterFilterConfig struct {
-	_           structs.HostLayout
-	ScopeLevel  uint32
-	NvidiaMajor uint32
+	_            structs.HostLayout
+	ScopeLevel   uint32
+	NvidiaMajor  uint32
+	AuditOnly    uint32
+	AuditAllowed uint32
+	RateWindowNs uint64
+	RateBurst    uint32
+	Pad          uint32
 }
 
 type devfilterPolicy struct {
@@ -58,19 +73,40 @@ type devfilterPolicy struct {
 	Minors   [4]uint64
 }
 
+type devfilterRateKey struct {
+	_        structs.HostLayout
+	CgroupId uint64
+	Major    uint32
+	Minor    uint32
+	Decision uint32
+	Pad      uint32
+}
+
+type devfilterRateValue struct {
+	_               structs.HostLayout
+	WindowStartNs   uint64
+	InWindow        uint64
+	SuppressedTotal uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	devfilterMapConfig           = "config"
-	devfilterMapEvents           = "events"
-	devfilterMapLost             = "lost"
-	devfilterMapPolicies         = "policies"
-	devfilterMapStorage          = "storage"
-	devfilterProgDevfilterCgroup = "devfilter_cgroup"
-	devfilterProgDevfilterScope  = "devfilter_scope"
-	devfilterVarUnusedDecision   = "unused_decision"
-	devfilterVarUnusedEvent      = "unused_event"
+	devfilterMapConfig             = "config"
+	devfilterMapEvents             = "events"
+	devfilterMapLost               = "lost"
+	devfilterMapPolicies           = "policies"
+	devfilterMapRate               = "rate"
+	devfilterMapRateFull           = "rate_full"
+	devfilterMapStorage            = "storage"
+	devfilterProgDevfilterCgroup   = "devfilter_cgroup"
+	devfilterProgDevfilterScope    = "devfilter_scope"
+	devfilterVarUnusedAuditAllowed = "unused_audit_allowed"
+	devfilterVarUnusedDecision     = "unused_decision"
+	devfilterVarUnusedEvent        = "unused_event"
+	devfilterVarUnusedRateKey      = "unused_rate_key"
+	devfilterVarUnusedRateValue    = "unused_rate_value"
 )
 
 // loadDevfilter returns the embedded CollectionSpec for devfilter.
@@ -127,6 +163,8 @@ type devfilterMapSpecs struct {
 	Events   *ebpf.MapSpec `ebpf:"events"`
 	Lost     *ebpf.MapSpec `ebpf:"lost"`
 	Policies *ebpf.MapSpec `ebpf:"policies"`
+	Rate     *ebpf.MapSpec `ebpf:"rate"`
+	RateFull *ebpf.MapSpec `ebpf:"rate_full"`
 	Storage  *ebpf.MapSpec `ebpf:"storage"`
 }
 
@@ -134,8 +172,11 @@ type devfilterMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type devfilterVariableSpecs struct {
-	UnusedDecision *ebpf.VariableSpec `ebpf:"unused_decision"`
-	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedAuditAllowed *ebpf.VariableSpec `ebpf:"unused_audit_allowed"`
+	UnusedDecision     *ebpf.VariableSpec `ebpf:"unused_decision"`
+	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedRateKey      *ebpf.VariableSpec `ebpf:"unused_rate_key"`
+	UnusedRateValue    *ebpf.VariableSpec `ebpf:"unused_rate_value"`
 }
 
 // devfilterObjects contains all objects after they have been loaded into the kernel.
@@ -162,6 +203,8 @@ type devfilterMaps struct {
 	Events   *ebpf.Map `ebpf:"events"`
 	Lost     *ebpf.Map `ebpf:"lost"`
 	Policies *ebpf.Map `ebpf:"policies"`
+	Rate     *ebpf.Map `ebpf:"rate"`
+	RateFull *ebpf.Map `ebpf:"rate_full"`
 	Storage  *ebpf.Map `ebpf:"storage"`
 }
 
@@ -171,6 +214,8 @@ func (m *devfilterMaps) Close() error {
 		m.Events,
 		m.Lost,
 		m.Policies,
+		m.Rate,
+		m.RateFull,
 		m.Storage,
 	)
 }
@@ -179,8 +224,11 @@ func (m *devfilterMaps) Close() error {
 //
 // It can be passed to loadDevfilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type devfilterVariables struct {
-	UnusedDecision *ebpf.Variable `ebpf:"unused_decision"`
-	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
+	UnusedAuditAllowed *ebpf.Variable `ebpf:"unused_audit_allowed"`
+	UnusedDecision     *ebpf.Variable `ebpf:"unused_decision"`
+	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
+	UnusedRateKey      *ebpf.Variable `ebpf:"unused_rate_key"`
+	UnusedRateValue    *ebpf.Variable `ebpf:"unused_rate_value"`
 }
 
 // devfilterPrograms contains all programs after they have been loaded into the kernel.

@@ -72,15 +72,19 @@ type scopeObjects struct {
 	Policies *ebpf.Map     `ebpf:"policies"`
 	Events   *ebpf.Map     `ebpf:"events"`
 	Lost     *ebpf.Map     `ebpf:"lost"`
+	Rate     *ebpf.Map     `ebpf:"rate"`
+	RateFull *ebpf.Map     `ebpf:"rate_full"`
 }
 
 // perCgroupObjects are what ModePerCgroup loads from the collection.
 type perCgroupObjects struct {
-	Program *ebpf.Program `ebpf:"devfilter_cgroup"`
-	Config  *ebpf.Map     `ebpf:"config"`
-	Storage *ebpf.Map     `ebpf:"storage"`
-	Events  *ebpf.Map     `ebpf:"events"`
-	Lost    *ebpf.Map     `ebpf:"lost"`
+	Program  *ebpf.Program `ebpf:"devfilter_cgroup"`
+	Config   *ebpf.Map     `ebpf:"config"`
+	Storage  *ebpf.Map     `ebpf:"storage"`
+	Events   *ebpf.Map     `ebpf:"events"`
+	Lost     *ebpf.Map     `ebpf:"lost"`
+	Rate     *ebpf.Map     `ebpf:"rate"`
+	RateFull *ebpf.Map     `ebpf:"rate_full"`
 }
 
 // Filter is a loaded device filter. Its methods are safe for concurrent use.
@@ -94,10 +98,14 @@ type Filter struct {
 	storage  *ebpf.Map // ModePerCgroup
 	events   *ebpf.Map
 	lost     *ebpf.Map
+	rate     *ebpf.Map
+	rateFull *ebpf.Map
 	reader   *ringbuf.Reader
 
 	mu     sync.Mutex
 	closed bool
+	// cfg is what the config map holds.
+	cfg devfilterFilterConfig
 	// scopeLink is the single attachment of ModeScope.
 	scopeLink link.Link
 	// attached are the attachments of ModePerCgroup, by cgroup id.
@@ -137,10 +145,12 @@ func New(opts Options) (*Filter, error) {
 		var objs scopeObjects
 		err = spec.LoadAndAssign(&objs, nil)
 		f.program, f.config, f.policies, f.events, f.lost = objs.Program, objs.Config, objs.Policies, objs.Events, objs.Lost
+		f.rate, f.rateFull = objs.Rate, objs.RateFull
 	case ModePerCgroup:
 		var objs perCgroupObjects
 		err = spec.LoadAndAssign(&objs, nil)
 		f.program, f.config, f.storage, f.events, f.lost = objs.Program, objs.Config, objs.Storage, objs.Events, objs.Lost
+		f.rate, f.rateFull = objs.Rate, objs.RateFull
 	}
 	if err != nil {
 		var verr *ebpf.VerifierError
@@ -150,8 +160,15 @@ func New(opts Options) (*Filter, error) {
 		return nil, fmt.Errorf("load device filter (%s): %w", opts.Mode, err)
 	}
 
-	cfg := devfilterFilterConfig{ScopeLevel: uint32(level), NvidiaMajor: opts.NvidiaMajor}
-	if err := f.config.Put(uint32(0), &cfg); err != nil {
+	f.cfg = devfilterFilterConfig{
+		ScopeLevel:   uint32(level),
+		NvidiaMajor:  opts.NvidiaMajor,
+		AuditOnly:    boolU32(opts.AuditOnly),
+		AuditAllowed: uint32(auditAllowedCodes[opts.AuditAllowed]),
+		RateWindowNs: uint64(opts.RateWindow),
+		RateBurst:    opts.RateBurst,
+	}
+	if err := f.config.Put(uint32(0), &f.cfg); err != nil {
 		return nil, errors.Join(fmt.Errorf("configure device filter: %w", err), f.closeObjects())
 	}
 	if f.reader, err = ringbuf.NewReader(f.events); err != nil {
@@ -163,8 +180,22 @@ func New(opts Options) (*Filter, error) {
 		}
 	}
 	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
-		"scope_level", level, "nvidia_major", opts.NvidiaMajor)
+		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "audit_only", opts.AuditOnly,
+		"audit_allowed", string(opts.AuditAllowed), "rate_window", opts.RateWindow, "rate_burst", opts.RateBurst)
 	return f, nil
+}
+
+var auditAllowedCodes = map[AuditAllowed]devfilterAuditAllowed{
+	AuditAllowedNone:  devfilterAuditAllowedAUDIT_ALLOWED_NONE,
+	AuditAllowedFirst: devfilterAuditAllowedAUDIT_ALLOWED_FIRST,
+	AuditAllowedAll:   devfilterAuditAllowedAUDIT_ALLOWED_ALL,
+}
+
+func boolU32(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // attach links prog to the cgroup dir, checking its id when id is not 0.
@@ -355,31 +386,125 @@ func decodeEvent(raw []byte) (Event, error) {
 		comm = append(comm, byte(c))
 	}
 	return Event{
-		CgroupID: e.CgroupId,
-		Time:     time.Duration(e.KtimeNs),
-		PID:      e.Pid,
-		TGID:     e.Tgid,
-		UID:      e.Uid,
-		GID:      e.Gid,
-		Major:    e.Major,
-		Minor:    e.Minor,
-		Access:   Access(e.Access),
-		Decision: Decision(e.Decision),
-		Comm:     string(comm),
+		CgroupID:   e.CgroupId,
+		Time:       time.Duration(e.KtimeNs),
+		PID:        e.Pid,
+		TGID:       e.Tgid,
+		UID:        e.Uid,
+		GID:        e.Gid,
+		Major:      e.Major,
+		Minor:      e.Minor,
+		Access:     Access(e.Access),
+		Decision:   Decision(e.Decision),
+		Comm:       string(comm),
+		Suppressed: e.Suppressed,
 	}, nil
 }
 
 // Lost is the number of events dropped because the ring buffer was full.
 func (f *Filter) Lost() (uint64, error) {
+	perCPU, err := f.LostPerCPU()
+	return sum(perCPU), err
+}
+
+// LostPerCPU is the number of events dropped because the ring buffer was
+// full, by CPU.
+func (f *Filter) LostPerCPU() ([]uint64, error) {
 	var perCPU []uint64
 	if err := f.lost.Lookup(uint32(0), &perCPU); err != nil {
-		return 0, fmt.Errorf("read lost device filter events: %w", err)
+		return nil, fmt.Errorf("read lost device filter events: %w", err)
 	}
+	return perCPU, nil
+}
+
+// RateFull is the number of events reported without rate limiting because
+// the rate limit map was full.
+func (f *Filter) RateFull() (uint64, error) {
+	var perCPU []uint64
+	if err := f.rateFull.Lookup(uint32(0), &perCPU); err != nil {
+		return 0, fmt.Errorf("read device filter rate map overflows: %w", err)
+	}
+	return sum(perCPU), nil
+}
+
+func sum(vs []uint64) uint64 {
 	var n uint64
-	for _, v := range perCPU {
+	for _, v := range vs {
 		n += v
 	}
-	return n, nil
+	return n
+}
+
+// Suppressed returns, by rate key, how many accesses were not reported since
+// the key was first seen (or ForgetRate). The totals only grow, so the
+// accesses of a key are its events plus its total plus what was lost.
+func (f *Filter) Suppressed() (map[RateKey]uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, fmt.Errorf("read suppressed device filter events: %w", ErrClosed)
+	}
+	out := map[RateKey]uint64{}
+	var (
+		k devfilterRateKey
+		v devfilterRateValue
+	)
+	it := f.rate.Iterate()
+	for it.Next(&k, &v) {
+		out[RateKey{CgroupID: k.CgroupId, Major: k.Major, Minor: k.Minor, Decision: Decision(k.Decision)}] = v.SuppressedTotal
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read suppressed device filter events: %w", err)
+	}
+	return out, nil
+}
+
+// ForgetRate deletes the rate limit entries of a cgroup that is gone, after
+// their last Suppressed read; a later access starts its keys from zero.
+func (f *Filter) ForgetRate(cgroupID uint64) error {
+	var (
+		k    devfilterRateKey
+		v    devfilterRateValue
+		keys []devfilterRateKey
+	)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return fmt.Errorf("forget device filter rate of cgroup %d: %w", cgroupID, ErrClosed)
+	}
+	it := f.rate.Iterate()
+	for it.Next(&k, &v) {
+		if k.CgroupId == cgroupID {
+			keys = append(keys, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("forget device filter rate of cgroup %d: %w", cgroupID, err)
+	}
+	for _, k := range keys {
+		if err := f.rate.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forget device filter rate of cgroup %d: %w", cgroupID, err)
+		}
+	}
+	return nil
+}
+
+// SetAuditOnly switches audit-only mode on or off in the running program.
+func (f *Filter) SetAuditOnly(on bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return fmt.Errorf("set device filter audit-only: %w", ErrClosed)
+	}
+	cfg := f.cfg
+	cfg.AuditOnly = boolU32(on)
+	// The program reads the config field by field; only this word changes.
+	if err := f.config.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("set device filter audit-only: %w", err)
+	}
+	f.cfg = cfg
+	f.log.Info("device filter audit-only mode set", "audit_only", on)
+	return nil
 }
 
 // Close detaches everything the filter attached and frees its objects.
@@ -420,7 +545,7 @@ func (f *Filter) closeObjects() error {
 	if f.program != nil {
 		errs = append(errs, f.program.Close())
 	}
-	for _, m := range []*ebpf.Map{f.config, f.policies, f.storage, f.events, f.lost} {
+	for _, m := range []*ebpf.Map{f.config, f.policies, f.storage, f.events, f.lost, f.rate, f.rateFull} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

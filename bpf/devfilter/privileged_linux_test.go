@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,6 +34,9 @@ const repeatEnv = "GPUFENCE_DEVFILTER_TEST_CHILD_REPEAT"
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(childEnv); dir != "" {
 		os.Exit(childOpenAll(dir))
+	}
+	if spec := os.Getenv(stormEnv); spec != "" {
+		os.Exit(childStorm(spec))
 	}
 	os.Exit(m.Run())
 }
@@ -531,9 +535,9 @@ func TestPrivilegedSlurmConstrainDevicesPerCgroup(t *testing.T) {
 func TestPrivilegedRingBufferFullStillDenies(t *testing.T) {
 	fx := newFixture(t)
 	requireMode(t, ModeScope)
-	f := newFilter(t, Options{Mode: ModeScope, ScopeDir: fx.scope})
-	// Nobody reads events: 4 denials a round overflow the 256 KiB buffer
-	// (72 bytes a record) long before 2000 rounds.
+	// No rate limit, and nobody reads events: 4 denials a round overflow
+	// the 256 KiB buffer (80 bytes a record) long before 2000 rounds.
+	f := newFilter(t, Options{Mode: ModeScope, ScopeDir: fx.scope, RateBurst: math.MaxUint32})
 	t.Setenv(repeatEnv, "2000")
 	fx.expectGPUs(t, "job_2/step_0/user/task_0")
 	n, err := f.Lost()

@@ -89,8 +89,11 @@ func TestProbedHelpersCoverPrograms(t *testing.T) {
 }
 
 func TestGeneratedLayout(t *testing.T) {
-	if got := unsafe.Sizeof(devfilterEvent{}); got != 64 {
-		t.Errorf("event is %d bytes, want 64", got)
+	if got := unsafe.Sizeof(devfilterEvent{}); got != 72 {
+		t.Errorf("event is %d bytes, want 72", got)
+	}
+	if got := unsafe.Sizeof(devfilterRateKey{}); got != 24 {
+		t.Errorf("rate key is %d bytes, want 24", got)
 	}
 	if got := unsafe.Sizeof(devfilterPolicy{}); got != 48 {
 		t.Errorf("policy is %d bytes, want 48", got)
@@ -98,8 +101,14 @@ func TestGeneratedLayout(t *testing.T) {
 	if got := unsafe.Sizeof(devfilterBpfCgroupStorageKey{}); got != 16 {
 		t.Errorf("cgroup storage key is %d bytes, want 16 (struct bpf_cgroup_storage_key)", got)
 	}
-	if Decision(devfilterDecisionDECISION_DENIED) != DecisionDenied || Decision(devfilterDecisionDECISION_ALLOWED) != DecisionAllowed {
+	if Decision(devfilterDecisionDECISION_DENIED) != DecisionDenied || Decision(devfilterDecisionDECISION_ALLOWED) != DecisionAllowed ||
+		Decision(devfilterDecisionDECISION_WOULD_DENY) != DecisionWouldDeny {
 		t.Error("Decision constants differ from the program's enum decision")
+	}
+	for _, a := range []AuditAllowed{AuditAllowedNone, AuditAllowedFirst, AuditAllowedAll} {
+		if _, ok := auditAllowedCodes[a]; !ok {
+			t.Errorf("AuditAllowed %q has no code for the program", a)
+		}
 	}
 	if policyAllowAll != 1 {
 		t.Error("policyAllowAll differs from the program's POLICY_ALLOW_ALL")
@@ -109,7 +118,7 @@ func TestGeneratedLayout(t *testing.T) {
 func TestDecodeEvent(t *testing.T) {
 	in := devfilterEvent{
 		CgroupId: 4242, KtimeNs: 1_500_000_000, Pid: 10, Tgid: 11, Uid: 1000, Gid: 100,
-		Major: 195, Minor: 3, Access: uint16(AccessRead | AccessWrite), Decision: uint8(DecisionDenied),
+		Major: 195, Minor: 3, Access: uint16(AccessRead | AccessWrite), Decision: uint8(DecisionDenied), Suppressed: 77,
 	}
 	for i, c := range "devfilter.test\x00j" {
 		in.Comm[i] = int8(c)
@@ -123,7 +132,7 @@ func TestDecodeEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Event{CgroupID: 4242, Time: 1500 * 1e6, PID: 10, TGID: 11, UID: 1000, GID: 100,
-		Major: 195, Minor: 3, Access: AccessRead | AccessWrite, Decision: DecisionDenied, Comm: "devfilter.test"}
+		Major: 195, Minor: 3, Access: AccessRead | AccessWrite, Decision: DecisionDenied, Comm: "devfilter.test", Suppressed: 77}
 	if got != want {
 		t.Fatalf("decodeEvent() = %+v, want %+v", got, want)
 	}

@@ -54,7 +54,38 @@ type Options struct {
 	NvidiaMajor uint32
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
+	// AuditOnly allows every access and reports each one the policy would
+	// have denied as DecisionWouldDeny (for rollouts).
+	AuditOnly bool
+	// AuditAllowed says which allowed accesses are reported; "" means
+	// AuditAllowedFirst.
+	AuditAllowed AuditAllowed
+	// RateWindow is the rate limit window of the reports; 0 means 1s.
+	RateWindow time.Duration
+	// RateBurst is how many reports per cgroup, device and decision one
+	// window may carry, the others being counted as suppressed; 0 means 5.
+	RateBurst uint32
 }
+
+// AuditAllowed says which allowed GPU accesses the program reports.
+type AuditAllowed string
+
+const (
+	// AuditAllowedNone reports no allowed access.
+	AuditAllowedNone AuditAllowed = "none"
+	// AuditAllowedFirst reports the first allowed access per cgroup and
+	// device; the later ones are only counted (Filter.Suppressed).
+	AuditAllowedFirst AuditAllowed = "first"
+	// AuditAllowedAll reports every allowed access, rate-limited like
+	// denials.
+	AuditAllowedAll AuditAllowed = "all"
+)
+
+// Defaults of the rate limit of reports.
+const (
+	DefaultRateWindow = time.Second
+	DefaultRateBurst  = 5
+)
 
 // validate checks the fields that need no kernel and fills defaults.
 func (o Options) validate() (Options, error) {
@@ -75,6 +106,22 @@ func (o Options) validate() (Options, error) {
 	}
 	if o.NvidiaMajor > maxMajor {
 		return o, fmt.Errorf("devfilter options: NvidiaMajor %d: larger than %d", o.NvidiaMajor, maxMajor)
+	}
+	switch o.AuditAllowed {
+	case "":
+		o.AuditAllowed = AuditAllowedFirst
+	case AuditAllowedNone, AuditAllowedFirst, AuditAllowedAll:
+	default:
+		return o, fmt.Errorf("devfilter options: AuditAllowed %q: want %q, %q or %q", o.AuditAllowed, AuditAllowedNone, AuditAllowedFirst, AuditAllowedAll)
+	}
+	if o.RateWindow < 0 {
+		return o, fmt.Errorf("devfilter options: RateWindow %s: negative", o.RateWindow)
+	}
+	if o.RateWindow == 0 {
+		o.RateWindow = DefaultRateWindow
+	}
+	if o.RateBurst == 0 {
+		o.RateBurst = DefaultRateBurst
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -169,6 +216,9 @@ type Decision uint8
 const (
 	DecisionDenied  Decision = 1
 	DecisionAllowed Decision = 2
+	// DecisionWouldDeny is an access allowed in audit-only mode that the
+	// policy denies.
+	DecisionWouldDeny Decision = 3
 )
 
 func (d Decision) String() string {
@@ -177,6 +227,8 @@ func (d Decision) String() string {
 		return "denied"
 	case DecisionAllowed:
 		return "allowed"
+	case DecisionWouldDeny:
+		return "would-deny"
 	}
 	return fmt.Sprintf("Decision(%d)", uint8(d))
 }
@@ -194,4 +246,16 @@ type Event struct {
 	Access              Access
 	Decision            Decision
 	Comm                string
+	// Suppressed is the suppressed total of the event's RateKey when it was
+	// emitted: how many accesses of that key were not reported since the
+	// key's entry was created. It only grows (but events from different
+	// CPUs can arrive out of order), so differences give exact counts.
+	Suppressed uint64
+}
+
+// RateKey is what reports are rate-limited by.
+type RateKey struct {
+	CgroupID     uint64
+	Major, Minor uint32
+	Decision     Decision
 }

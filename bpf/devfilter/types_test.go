@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestPolicyBitmap(t *testing.T) {
@@ -85,6 +86,7 @@ func TestDecisionString(t *testing.T) {
 	}{
 		{DecisionDenied, "denied"},
 		{DecisionAllowed, "allowed"},
+		{DecisionWouldDeny, "would-deny"},
 		{0, "Decision(0)"},
 		{7, "Decision(7)"},
 	}
@@ -100,9 +102,18 @@ func TestOptionsValidate(t *testing.T) {
 		name      string
 		opts      Options
 		wantMajor uint32
+		// Audit fields after defaults; zero: AuditAllowedFirst, 1s, 5.
+		wantAudit AuditAllowed
+		wantRate  time.Duration
+		wantBurst uint32
 		wantErr   string
 	}{
 		{name: "defaults", opts: Options{ScopeDir: "/sys/fs/cgroup/system.slice/x_slurmstepd.scope"}, wantMajor: 195},
+		{name: "audit settings kept", opts: Options{Mode: ModePerCgroup, AuditOnly: true, AuditAllowed: AuditAllowedAll, RateWindow: time.Millisecond, RateBurst: 1},
+			wantMajor: 195, wantAudit: AuditAllowedAll, wantRate: time.Millisecond, wantBurst: 1},
+		{name: "audit allowed none", opts: Options{Mode: ModePerCgroup, AuditAllowed: AuditAllowedNone}, wantMajor: 195, wantAudit: AuditAllowedNone},
+		{name: "unknown audit allowed", opts: Options{Mode: ModePerCgroup, AuditAllowed: "some"}, wantErr: `AuditAllowed "some"`},
+		{name: "negative rate window", opts: Options{Mode: ModePerCgroup, RateWindow: -time.Second}, wantErr: "RateWindow -1s"},
 		{name: "scope", opts: Options{Mode: ModeScope, ScopeDir: "/sys/fs/cgroup/a", NvidiaMajor: 200}, wantMajor: 200},
 		{name: "per-cgroup needs no scope", opts: Options{Mode: ModePerCgroup}, wantMajor: 195},
 		{name: "unknown mode", opts: Options{Mode: "global", ScopeDir: "/a"}, wantErr: `Mode "global"`},
@@ -128,6 +139,20 @@ func TestOptionsValidate(t *testing.T) {
 			}
 			if got.Logger == nil {
 				t.Error("Logger not defaulted")
+			}
+			wantAudit, wantRate, wantBurst := tt.wantAudit, tt.wantRate, tt.wantBurst
+			if wantAudit == "" {
+				wantAudit = AuditAllowedFirst
+			}
+			if wantRate == 0 {
+				wantRate = time.Second
+			}
+			if wantBurst == 0 {
+				wantBurst = 5
+			}
+			if got.AuditAllowed != wantAudit || got.RateWindow != wantRate || got.RateBurst != wantBurst || got.AuditOnly != tt.opts.AuditOnly {
+				t.Errorf("audit options = %q, %s, %d, audit-only %v; want %q, %s, %d, %v",
+					got.AuditAllowed, got.RateWindow, got.RateBurst, got.AuditOnly, wantAudit, wantRate, wantBurst, tt.opts.AuditOnly)
 			}
 		})
 	}
