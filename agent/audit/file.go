@@ -1,0 +1,97 @@
+package audit
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// fileSink appends one JSON object per line. A write that fails half way
+// (disk full) is cut back, so the file only ever holds whole lines.
+type fileSink struct {
+	path string
+	mu   sync.Mutex
+	f    *os.File
+	size int64
+}
+
+func openFile(path string) (*fileSink, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("create directory of %s: %w", path, err)
+	}
+	s := &fileSink{path: path}
+	if err := s.open(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *fileSink) open() error {
+	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", s.path, err)
+	}
+	// The umask may have narrowed the mode; an existing file keeps 0640 too.
+	if err := f.Chmod(0o640); err != nil {
+		f.Close()
+		return fmt.Errorf("chmod %s: %w", s.path, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("stat %s: %w", s.path, err)
+	}
+	s.f, s.size = f, st.Size()
+	return nil
+}
+
+func (s *fileSink) Name() string { return "file" }
+
+func (s *fileSink) Write(r *Record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encode record %d: %w", r.Seq, err)
+	}
+	b = append(b, '\n')
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f == nil {
+		if err := s.open(); err != nil {
+			return err
+		}
+	}
+	n, err := s.f.Write(b)
+	if err != nil {
+		if n > 0 {
+			// Keep whole lines only; a truncate needs no free space.
+			_ = s.f.Truncate(s.size)
+		}
+		return fmt.Errorf("write %s: %w", s.path, err)
+	}
+	s.size += int64(n)
+	return nil
+}
+
+// Reopen closes the file and opens the path again, for logrotate.
+func (s *fileSink) Reopen() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f != nil {
+		s.f.Close()
+		s.f = nil
+	}
+	return s.open()
+}
+
+func (s *fileSink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f == nil {
+		return nil
+	}
+	err := s.f.Close()
+	s.f = nil
+	return err
+}

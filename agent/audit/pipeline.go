@@ -1,0 +1,391 @@
+package audit
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultFile is where the agent writes audit records unless configured otherwise.
+const DefaultFile = "/var/log/gpufence/audit.jsonl"
+
+// DefaultJournalSocket is journald's native protocol socket.
+const DefaultJournalSocket = "/run/systemd/journal/socket"
+
+// Options configures a Pipeline. Zero values take the documented defaults.
+type Options struct {
+	// File is the JSON Lines path; "" disables the file sink.
+	File string
+	// Journald is "auto" (on when JournalSocket exists), "on" or "off"; "" means "auto".
+	Journald string
+	// Syslog is "" (off), "unix:///dev/log", "unixgram:///path" or "tcp://host:port".
+	Syslog string
+	// QueueSize bounds the queue between Emit and the sinks (default 4096).
+	QueueSize int
+	// SinkQueueSize bounds each sink's own queue (default 1024).
+	SinkQueueSize               int
+	Node, Cluster, AgentVersion string
+
+	// Attribute, when set, completes a record after the queue (job, user,
+	// GPU), so that a slow lookup never blocks the event reader.
+	Attribute func(*Record)
+	// RateBurst gpu_access records per job+step+device+decision are written
+	// per RateInterval; the rest are counted and summarised in an
+	// access_suppressed record. Defaults 5 and 10s; RateBurst < 0 disables.
+	RateBurst    int
+	RateInterval time.Duration
+	// RetryInterval is how long a failing sink waits before it tries again
+	// (default 1s); records meanwhile are counted as lost.
+	RetryInterval time.Duration
+	// CloseTimeout bounds how long Close waits for sinks to drain (default 5s).
+	CloseTimeout time.Duration
+	// JournalSocket overrides DefaultJournalSocket (tests, journald namespaces).
+	JournalSocket string
+	// BootID overrides /proc/sys/kernel/random/boot_id (tests).
+	BootID string
+
+	testWriters []writer
+}
+
+// Stats counts records since New.
+type Stats struct {
+	// Emitted is the number of records handed to the sinks (the last seq).
+	Emitted uint64
+	// QueueDropped counts records dropped because the queue was full.
+	QueueDropped uint64
+	// RateSuppressed counts gpu_access records folded into summaries.
+	RateSuppressed uint64
+	Sinks          map[string]SinkStats
+}
+
+// SinkStats counts one sink's records.
+type SinkStats struct {
+	Written, Failed, Dropped uint64
+}
+
+type lateRecord struct {
+	r    Record
+	from *sink
+}
+
+// Pipeline numbers records and delivers them to its sinks.
+type Pipeline struct {
+	opts   Options
+	log    *slog.Logger
+	bootID string
+
+	mu     sync.RWMutex // guards closed against Emit's send
+	closed bool
+	queue  chan Record
+
+	seq            atomic.Uint64
+	queueDropped   atomic.Uint64 // since the last audit_loss record
+	ringbufLost    atomic.Uint64 // since the last audit_loss record
+	totalDropped   atomic.Uint64
+	rateSuppressed atomic.Uint64
+
+	sinks      []*sink
+	sinkMu     sync.RWMutex // guards sinkClosed against broadcast
+	sinkClosed bool
+	late       []lateRecord // broadcast after the sink queues closed
+
+	limiter    *limiter
+	dispatched chan struct{}
+	sinksDone  sync.WaitGroup
+	closeOnce  sync.Once
+	closeErr   error
+}
+
+// New validates opts, opens the sinks and starts delivering.
+func New(opts Options, log *slog.Logger) (*Pipeline, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "audit")
+	if opts.QueueSize == 0 {
+		opts.QueueSize = 4096
+	}
+	if opts.SinkQueueSize == 0 {
+		opts.SinkQueueSize = 1024
+	}
+	if opts.QueueSize < 0 || opts.SinkQueueSize < 0 {
+		return nil, errors.New("audit: queue sizes must be positive")
+	}
+	if opts.RateBurst == 0 {
+		opts.RateBurst = 5
+	}
+	if opts.RateInterval <= 0 {
+		opts.RateInterval = 10 * time.Second
+	}
+	if opts.RetryInterval <= 0 {
+		opts.RetryInterval = time.Second
+	}
+	if opts.CloseTimeout <= 0 {
+		opts.CloseTimeout = 5 * time.Second
+	}
+	if opts.JournalSocket == "" {
+		opts.JournalSocket = DefaultJournalSocket
+	}
+	if opts.Journald == "" {
+		opts.Journald = "auto"
+	}
+	p := &Pipeline{
+		opts:       opts,
+		log:        log,
+		bootID:     opts.BootID,
+		queue:      make(chan Record, opts.QueueSize),
+		dispatched: make(chan struct{}),
+		limiter:    newLimiter(opts.RateBurst, opts.RateInterval),
+	}
+	if p.bootID == "" {
+		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		if err != nil {
+			return nil, fmt.Errorf("audit: read boot id: %w", err)
+		}
+		p.bootID = strings.TrimSpace(string(b))
+	}
+	var writers []writer
+	fail := func(err error) (*Pipeline, error) {
+		for _, w := range writers {
+			w.Close()
+		}
+		return nil, err
+	}
+	if opts.File != "" {
+		w, err := openFile(opts.File)
+		if err != nil {
+			return fail(fmt.Errorf("audit file sink: %w", err))
+		}
+		writers = append(writers, w)
+	}
+	switch opts.Journald {
+	case "off":
+	case "auto", "on":
+		if _, err := os.Stat(opts.JournalSocket); err != nil {
+			if opts.Journald == "on" {
+				return fail(fmt.Errorf("audit journald sink: journald=on but %s: %w", opts.JournalSocket, err))
+			}
+			break
+		}
+		w, err := openJournal(opts.JournalSocket)
+		if err != nil {
+			return fail(fmt.Errorf("audit journald sink: %w", err))
+		}
+		writers = append(writers, w)
+	default:
+		return fail(fmt.Errorf("audit: journald: %q is not auto, on or off", opts.Journald))
+	}
+	if opts.Syslog != "" {
+		w, err := openSyslog(opts.Syslog, opts.Node)
+		if err != nil {
+			return fail(fmt.Errorf("audit syslog sink: %w", err))
+		}
+		writers = append(writers, w)
+	}
+	writers = append(writers, opts.testWriters...)
+	for _, w := range writers {
+		s := &sink{name: w.Name(), w: w, p: p, ch: make(chan Record, opts.SinkQueueSize)}
+		p.sinks = append(p.sinks, s)
+		p.sinksDone.Add(1)
+		go s.run()
+	}
+	go p.dispatch()
+	return p, nil
+}
+
+// Emit queues r and returns at once. It fills time (when zero) now; seq,
+// node, cluster, agent version and boot id are filled on delivery. When the
+// queue is full, r is dropped and counted; the next audit_loss record says so.
+func (p *Pipeline) Emit(r Record) {
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		p.queueDropped.Add(1)
+		p.totalDropped.Add(1)
+		return
+	}
+	select {
+	case p.queue <- r:
+	default:
+		p.queueDropped.Add(1)
+		p.totalDropped.Add(1)
+	}
+}
+
+// ReportLoss adds n events the kernel ring buffer lost; the next audit_loss
+// record reports them.
+func (p *Pipeline) ReportLoss(ringbufLost uint64) {
+	p.ringbufLost.Add(ringbufLost)
+}
+
+// Reopen reopens the file sink (after logrotate renamed it); other sinks
+// reconnect on their own.
+func (p *Pipeline) Reopen() error {
+	var errs []error
+	for _, s := range p.sinks {
+		if r, ok := s.w.(interface{ Reopen() error }); ok {
+			errs = append(errs, r.Reopen())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stats returns counts since New.
+func (p *Pipeline) Stats() Stats {
+	st := Stats{
+		Emitted:        p.seq.Load(),
+		QueueDropped:   p.totalDropped.Load(),
+		RateSuppressed: p.rateSuppressed.Load(),
+		Sinks:          map[string]SinkStats{},
+	}
+	for _, s := range p.sinks {
+		st.Sinks[s.name] = SinkStats{Written: s.written.Load(), Failed: s.failed.Load(), Dropped: s.dropped.Load()}
+	}
+	return st
+}
+
+// Close stops accepting records, delivers what is queued (pending
+// summaries and losses included), waits up to CloseTimeout for the sinks and
+// closes them.
+func (p *Pipeline) Close() error {
+	p.closeOnce.Do(func() {
+		p.mu.Lock()
+		p.closed = true
+		close(p.queue)
+		p.mu.Unlock()
+		<-p.dispatched
+		p.sinkMu.Lock()
+		p.sinkClosed = true
+		for _, s := range p.sinks {
+			close(s.ch)
+		}
+		p.sinkMu.Unlock()
+		done := make(chan struct{})
+		go func() { p.sinksDone.Wait(); close(done) }()
+		var errs []error
+		select {
+		case <-done:
+			// Final loss reports of sinks: the sink goroutines are gone, so
+			// the writers are free to use here.
+			for _, l := range p.late {
+				for _, s := range p.sinks {
+					if s == l.from {
+						continue
+					}
+					if err := s.w.Write(&l.r); err != nil {
+						s.failed.Add(1)
+					} else {
+						s.written.Add(1)
+					}
+				}
+			}
+		case <-time.After(p.opts.CloseTimeout):
+			errs = append(errs, fmt.Errorf("audit: sinks did not drain within %s", p.opts.CloseTimeout))
+		}
+		for _, s := range p.sinks {
+			if err := s.w.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close audit %s sink: %w", s.name, err))
+			}
+		}
+		p.closeErr = errors.Join(errs...)
+	})
+	return p.closeErr
+}
+
+// dispatch is the only goroutine that numbers records for all sinks.
+func (p *Pipeline) dispatch() {
+	defer close(p.dispatched)
+	tick := time.NewTicker(p.opts.RateInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case r, ok := <-p.queue:
+			if !ok {
+				p.reportLoss()
+				for _, s := range p.limiter.flush(time.Now(), true) {
+					p.send(s)
+				}
+				return
+			}
+			p.reportLoss()
+			if p.opts.Attribute != nil {
+				p.opts.Attribute(&r)
+			}
+			if r.Event == EventGPUAccess && !p.limiter.allow(&r) {
+				p.rateSuppressed.Add(1)
+				continue
+			}
+			p.send(r)
+		case now := <-tick.C:
+			p.reportLoss()
+			for _, s := range p.limiter.flush(now, false) {
+				p.send(s)
+			}
+		}
+	}
+}
+
+// fill completes the fields every record carries and gives it the next seq.
+func (p *Pipeline) fill(r *Record) {
+	r.SchemaVersion = SchemaVersion
+	r.BootID = p.bootID
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	if r.Node == "" {
+		r.Node = p.opts.Node
+	}
+	if r.Cluster == "" {
+		r.Cluster = p.opts.Cluster
+	}
+	if r.AgentVersion == "" {
+		r.AgentVersion = p.opts.AgentVersion
+	}
+	if r.Severity == "" {
+		r.Severity = SeverityInfo
+	}
+	r.Seq = p.seq.Add(1)
+}
+
+func (p *Pipeline) send(r Record) {
+	p.fill(&r)
+	for _, s := range p.sinks {
+		s.enqueue(r)
+	}
+}
+
+// broadcast hands a record that sink from already has to the other sinks.
+func (p *Pipeline) broadcast(r Record, from *sink) {
+	p.sinkMu.Lock()
+	defer p.sinkMu.Unlock()
+	if p.sinkClosed {
+		p.late = append(p.late, lateRecord{r, from})
+		return
+	}
+	for _, s := range p.sinks {
+		if s != from {
+			s.enqueue(r)
+		}
+	}
+}
+
+func (p *Pipeline) reportLoss() {
+	if p.queueDropped.Load() == 0 && p.ringbufLost.Load() == 0 {
+		return
+	}
+	q, rb := p.queueDropped.Swap(0), p.ringbufLost.Swap(0)
+	p.send(Record{
+		Event:    EventAuditLoss,
+		Severity: SeverityWarning,
+		Message:  fmt.Sprintf("audit records lost: %d dropped at the full queue, %d lost in the kernel ring buffer", q, rb),
+		Loss:     &Loss{QueueDropped: q, RingbufLost: rb, SinkFailed: map[string]uint64{}},
+	})
+}

@@ -1,0 +1,133 @@
+// Package audit turns access decisions and agent lifecycle events into
+// numbered audit records and hands them to sinks (JSON Lines file, journald,
+// syslog) without ever blocking the caller.
+package audit
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// SchemaVersion is the value of schema_version in every record; it changes
+// only when a field changes meaning or is removed (docs/audit.schema.json).
+const SchemaVersion = "1"
+
+// Event names the kind of a record.
+type Event string
+
+// Event kinds (docs/audit.md describes each).
+const (
+	EventGPUAccess          Event = "gpu_access"
+	EventAccessSuppressed   Event = "access_suppressed"
+	EventAgentStart         Event = "agent_start"
+	EventAgentStop          Event = "agent_stop"
+	EventPolicyApplied      Event = "policy_applied"
+	EventPolicyReleased     Event = "policy_released"
+	EventFilterAttachFailed Event = "filter_attach_failed"
+	EventLookupFailed       Event = "lookup_failed"
+	EventConfigReload       Event = "config_reload"
+	EventJobWithoutProlog   Event = "job_without_prolog"
+	EventAuditLoss          Event = "audit_loss"
+)
+
+// Severity is the record's importance; it maps to syslog and journald priorities.
+type Severity string
+
+// Severities, from least to most important.
+const (
+	SeverityInfo    Severity = "info"
+	SeverityNotice  Severity = "notice"
+	SeverityWarning Severity = "warning"
+	SeverityError   Severity = "error"
+)
+
+// Decisions and policy modes of a gpu_access record.
+const (
+	DecisionAllowed   = "allowed"
+	DecisionDenied    = "denied"
+	DecisionWouldDeny = "would-deny"
+
+	ModeEnforce   = "enforce"
+	ModeAuditOnly = "audit-only"
+)
+
+// Record is one audit record, written as one JSON object per line. Fields
+// without omitempty/omitzero are present in every record.
+type Record struct {
+	SchemaVersion string    `json:"schema_version"`
+	Seq           uint64    `json:"seq"`
+	BootID        string    `json:"boot_id"`
+	Time          time.Time `json:"time"`
+	Event         Event     `json:"event"`
+	Severity      Severity  `json:"severity"`
+	Node          string    `json:"node"`
+	Cluster       string    `json:"cluster"`
+	AgentVersion  string    `json:"agent_version"`
+	Message       string    `json:"message"`
+
+	Decision   string `json:"decision,omitempty"`
+	PolicyMode string `json:"policy_mode,omitempty"`
+	JobID      uint32 `json:"job_id,omitempty"`
+	StepID     string `json:"step_id,omitempty"`
+	User       string `json:"user,omitempty"`
+	// UID is a pointer because uid 0 (root) is a real value.
+	UID        *uint32  `json:"uid,omitempty"`
+	PID        uint32   `json:"pid,omitempty"`
+	Comm       string   `json:"comm,omitempty"`
+	Exe        string   `json:"exe,omitempty"`
+	Device     *Device  `json:"device,omitempty"`
+	GPU        *GPU     `json:"gpu,omitempty"`
+	Access     []string `json:"access,omitempty"`
+	Suppressed uint64   `json:"suppressed,omitempty"`
+	CgroupID   uint64   `json:"cgroup_id,omitempty"`
+	// GPUs is omitted when nil; an empty non-nil list means "no GPU".
+	GPUs   []int  `json:"gpus,omitzero"`
+	Cgroup string `json:"cgroup,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Error  string `json:"error,omitempty"`
+	Loss   *Loss  `json:"loss,omitempty"`
+}
+
+// Device is the device node an access was about.
+type Device struct {
+	Path  string `json:"path,omitempty"`
+	Major uint32 `json:"major"`
+	Minor uint32 `json:"minor"`
+}
+
+// GPU is the GPU behind a device, where the node's GPU table knows it.
+type GPU struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid,omitempty"`
+}
+
+// Loss counts records that were not written, since the previous audit_loss
+// record of the same origin (the pipeline, or the sink named in Sink).
+type Loss struct {
+	QueueDropped uint64            `json:"queue_dropped"`
+	RingbufLost  uint64            `json:"ringbuf_lost"`
+	SinkFailed   map[string]uint64 `json:"sink_failed"`
+	SinkDropped  map[string]uint64 `json:"sink_dropped,omitempty"`
+	// Sink is set when a sink reports its own loss; LostSeqs then lists the
+	// seq numbers that sink did not write.
+	Sink          string     `json:"sink,omitempty"`
+	LostSeqs      []SeqRange `json:"lost_seqs,omitempty"`
+	SeqsTruncated bool       `json:"seqs_truncated,omitempty"`
+}
+
+// SeqRange is an inclusive range of seq numbers.
+type SeqRange struct {
+	First uint64 `json:"first"`
+	Last  uint64 `json:"last"`
+}
+
+// UID returns a pointer for Record.UID.
+func UID(uid uint32) *uint32 { return &uid }
+
+// MarshalJSON writes time in UTC with nanoseconds, whatever its location.
+func (r Record) MarshalJSON() ([]byte, error) {
+	type plain Record
+	p := plain(r)
+	p.Time = p.Time.UTC()
+	return json.Marshal(p)
+}
