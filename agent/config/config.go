@@ -58,7 +58,46 @@ type Config struct {
 	LogLevel string `yaml:"log_level"`
 	// LogFormat is text or json.
 	LogFormat string `yaml:"log_format"`
+	// ClusterName names the cluster in audit records; default Slurm's
+	// ClusterName from slurm.conf.
+	ClusterName string `yaml:"cluster_name"`
+	// Enforcement is enforce (deny) or audit-only (allow everything and
+	// record what would have been denied; for rollouts).
+	Enforcement string `yaml:"enforcement"`
+	// Audit configures the audit trail.
+	Audit Audit `yaml:"audit"`
 }
+
+// Audit configures where GPU access decisions are recorded.
+type Audit struct {
+	// File is the JSON Lines audit file; empty disables it.
+	File string `yaml:"file"`
+	// Journald is auto (when journald runs), on or off.
+	Journald string `yaml:"journald"`
+	// Syslog is empty (off), unix:///dev/log, unixgram:///path or
+	// tcp://host:port; records go out as RFC 5424.
+	Syslog string `yaml:"syslog"`
+	// Allowed is which allowed accesses are recorded: none, first (the
+	// first per job step and device) or all.
+	Allowed string `yaml:"allowed"`
+	// RateWindow and RateBurst bound, in the kernel, how many records one
+	// job step, device and decision produces: RateBurst per RateWindow; the
+	// rest are counted exactly and reported as suppressed.
+	RateWindow Duration `yaml:"rate_window"`
+	RateBurst  uint32   `yaml:"rate_burst"`
+	// FlushInterval is how often suppressed counts no later record carried
+	// are reported.
+	FlushInterval Duration `yaml:"flush_interval"`
+	// QueueSize bounds the records waiting for the sinks; a full queue
+	// drops and counts.
+	QueueSize int `yaml:"queue_size"`
+}
+
+// Enforcement values.
+const (
+	EnforcementEnforce   = "enforce"
+	EnforcementAuditOnly = "audit-only"
+)
 
 // Duration is a time.Duration written as "5s" in the file.
 type Duration struct{ time.Duration }
@@ -98,6 +137,16 @@ func Default() Config {
 		ReconcileInterval: Duration{10 * time.Second},
 		LogLevel:          "info",
 		LogFormat:         "text",
+		Enforcement:       EnforcementEnforce,
+		Audit: Audit{
+			File:          "/var/log/gpufence/audit.jsonl",
+			Journald:      "auto",
+			Allowed:       "first",
+			RateWindow:    Duration{time.Second},
+			RateBurst:     5,
+			FlushInterval: Duration{5 * time.Second},
+			QueueSize:     4096,
+		},
 	}
 }
 
@@ -166,6 +215,40 @@ func (c Config) Validate(source string) error {
 	case "text", "json":
 	default:
 		bad("log_format", "%q is not one of text, json", c.LogFormat)
+	}
+	switch c.Enforcement {
+	case EnforcementEnforce, EnforcementAuditOnly:
+	default:
+		bad("enforcement", "%q is not one of enforce, audit-only", c.Enforcement)
+	}
+	a := c.Audit
+	if a.File != "" && !filepath.IsAbs(a.File) {
+		bad("audit.file", "%q must be an absolute path (or empty to disable)", a.File)
+	}
+	switch a.Journald {
+	case "auto", "on", "off":
+	default:
+		bad("audit.journald", "%q is not one of auto, on, off", a.Journald)
+	}
+	if a.Syslog != "" && !strings.HasPrefix(a.Syslog, "unix://") && !strings.HasPrefix(a.Syslog, "unixgram://") && !strings.HasPrefix(a.Syslog, "tcp://") {
+		bad("audit.syslog", "%q is not unix:///path, unixgram:///path or tcp://host:port", a.Syslog)
+	}
+	switch a.Allowed {
+	case "none", "first", "all":
+	default:
+		bad("audit.allowed", "%q is not one of none, first, all", a.Allowed)
+	}
+	if a.RateWindow.Duration < time.Millisecond || a.RateWindow.Duration > time.Hour {
+		bad("audit.rate_window", "%s must be between 1ms and 1h", a.RateWindow)
+	}
+	if a.RateBurst == 0 || a.RateBurst > 1000000 {
+		bad("audit.rate_burst", "%d must be between 1 and 1000000", a.RateBurst)
+	}
+	if a.FlushInterval.Duration < 100*time.Millisecond {
+		bad("audit.flush_interval", "%s must be at least 100ms", a.FlushInterval)
+	}
+	if a.QueueSize < 16 || a.QueueSize > 1<<20 {
+		bad("audit.queue_size", "%d must be between 16 and 1048576", a.QueueSize)
 	}
 	return errors.Join(errs...)
 }

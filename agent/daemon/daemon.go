@@ -12,8 +12,10 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
@@ -41,16 +43,23 @@ type Filter interface {
 	Set(cg devfilter.Cgroup, p devfilter.Policy) error
 	Remove(cg devfilter.Cgroup) error
 	ReadEvent() (devfilter.Event, error)
+	Suppressed() (map[devfilter.RateKey]uint64, error)
+	ForgetRate(cgroupID uint64) error
+	Lost() (uint64, error)
+	SetAuditOnly(on bool) error
 	Close() error
 }
 
 // FilterFactory attaches a filter on Slurm's slurmstepd scope directory.
 type FilterFactory func(scope string) (Filter, error)
 
-// NewKernelFilter is the FilterFactory for the real kernel filter.
-func NewKernelFilter(mode devfilter.Mode, nvidiaMajor uint32, log *slog.Logger) FilterFactory {
+// NewKernelFilter is the FilterFactory for the real kernel filter; opts
+// holds everything but the scope.
+func NewKernelFilter(opts devfilter.Options) FilterFactory {
 	return func(scope string) (Filter, error) {
-		return devfilter.New(devfilter.Options{Mode: mode, ScopeDir: scope, NvidiaMajor: nvidiaMajor, Logger: log})
+		o := opts
+		o.ScopeDir = scope
+		return devfilter.New(o)
 	}
 }
 
@@ -63,6 +72,12 @@ type Daemon struct {
 	byMinor   map[uint32]int
 	newFilter FilterFactory
 	settings  settingsCache
+	rec       Recorder
+	users     userNames
+	supp      suppression
+	auditOnly atomic.Bool
+
+	nvidiaMajor uint32
 
 	mu      sync.Mutex
 	filter  Filter
@@ -75,7 +90,7 @@ type Daemon struct {
 
 // New builds the daemon: it reads Slurm's GPU table and device numbers, and
 // attaches the filter at once when Slurm's scope already exists.
-func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMajor uint32) (*Daemon, error) {
+func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMajor uint32, rec Recorder) (*Daemon, error) {
 	mount, err := jobcgroup.Mountpoint()
 	if err != nil {
 		return nil, err
@@ -85,7 +100,12 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		gpus: map[int]devices.GPU{}, byMinor: map[uint32]int{},
 		jobs: map[uint32]*job{}, owners: map[uint64]owner{}, exempts: map[string]devfilter.Cgroup{},
 		settings: settingsCache{path: cfg.SlurmConf},
+		rec:      rec, nvidiaMajor: nvidiaMajor,
 	}
+	if d.rec == nil {
+		d.rec = nopRecorder{}
+	}
+	d.auditOnly.Store(cfg.Enforcement == config.EnforcementAuditOnly)
 	st, err := d.settings.get()
 	if err != nil {
 		return nil, err
@@ -149,7 +169,11 @@ func (d *Daemon) attachLocked(scope string) error {
 	}
 	f, err := d.newFilter(scope)
 	if err != nil {
-		return fmt.Errorf("attach device filter to %s: %w", scope, err)
+		err = fmt.Errorf("attach device filter to %s: %w", scope, err)
+		d.lifecycle(audit.EventFilterAttachFailed, audit.SeverityError, "the GPU device filter could not be attached; GPU steps are refused", func(r *audit.Record) {
+			r.Cgroup, r.Error = scope, err.Error()
+		})
+		return err
 	}
 	d.filter, d.scope = f, scope
 	d.log.Info("device filter attached", keyCgroup, scope, "mode", f.Mode())
@@ -255,22 +279,28 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 
 	// Where the step lives: from slurmstepd's own cgroup, and every task pid
 	// must be in the same step.
+	lookupFailed := func(err error) error {
+		d.lifecycle(audit.EventLookupFailed, audit.SeverityError, "the step's cgroup could not be found; the step is refused", func(r *audit.Record) {
+			r.JobID, r.StepID, r.UID, r.User, r.PID, r.Error = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid()), uint32(peer.PID), err.Error()
+		})
+		return err
+	}
 	loc, err := jobcgroup.ForPID(d.mount, peer.PID, d.cfg.Scope)
 	if err != nil {
-		return nil, fmt.Errorf("step %s: cannot place slurmstepd in Slurm's cgroup tree (%v); gpufence needs CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup", name, err)
+		return nil, lookupFailed(fmt.Errorf("step %s: cannot place slurmstepd in Slurm's cgroup tree (%v); gpufence needs CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup", name, err))
 	}
 	for _, pid := range m.GetTaskPids() {
 		tl, err := jobcgroup.ForPID(d.mount, int(pid), d.cfg.Scope)
 		if err != nil {
-			return nil, fmt.Errorf("step %s: task pid %d: %v", name, pid, err)
+			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d: %v", name, pid, err))
 		}
 		if tl.Step != loc.Step {
-			return nil, fmt.Errorf("step %s: task pid %d is in %s, not in its step's cgroup %s", name, pid, tl.Step, loc.Step)
+			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d is in %s, not in its step's cgroup %s", name, pid, tl.Step, loc.Step))
 		}
 	}
 	cgID, err := jobcgroup.ID(loc.Step)
 	if err != nil {
-		return nil, fmt.Errorf("step %s: %v", name, err)
+		return nil, lookupFailed(fmt.Errorf("step %s: %v", name, err))
 	}
 	cg := devfilter.Cgroup{ID: cgID, Path: loc.Step}
 	st, err := d.settings.get()
@@ -322,10 +352,18 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 		// so the step's entry is removed when it ends.
 		j = &job{Job: policy.Job{ID: jobID, UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}, noProlog: true}
 		d.jobs[jobID] = j
+		d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, dec.Note, func(r *audit.Record) {
+			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid())
+		})
 	}
 	j.steps[stepID] = &step{jobID: jobID, stepID: stepID, uid: m.GetUid(), cg: cg, gpus: dec.GPUs}
 	d.owners[cg.ID] = owner{jobID: jobID, stepID: stepID, uid: m.GetUid()}
 	log.Info("step policy applied", "gpus", policy.FormatGPUList(dec.GPUs), keyCgroup, cg.Path)
+	d.lifecycle(audit.EventPolicyApplied, audit.SeverityInfo,
+		fmt.Sprintf("job %d step %s may open GPUs [%s]", jobID, policy.StepName(stepID), policy.FormatGPUList(dec.GPUs)), func(r *audit.Record) {
+			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid())
+			r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, dec.GPUs...), cg.Path, cg.ID, d.policyMode()
+		})
 	return d.stepResponse(dec.GPUs, st), nil
 }
 
@@ -369,7 +407,17 @@ func (d *Daemon) removeStepLocked(j *job, s *step, why string) {
 	}
 	delete(j.steps, s.stepID)
 	delete(d.owners, s.cg.ID)
+	d.supp.mu.Lock()
+	if d.supp.forget == nil {
+		d.supp.forget = map[uint64]bool{}
+	}
+	d.supp.forget[s.cg.ID] = true
+	d.supp.mu.Unlock()
 	d.log.Info("step policy removed", keyJob, s.jobID, keyStep, policy.StepName(s.stepID), "reason", why)
+	d.lifecycle(audit.EventPolicyReleased, audit.SeverityInfo, fmt.Sprintf("job %d step %s released (%s)", s.jobID, policy.StepName(s.stepID), why), func(r *audit.Record) {
+		r.JobID, r.StepID, r.UID, r.User = s.jobID, policy.StepName(s.stepID), audit.UID(s.uid), d.users.get(s.uid)
+		r.Cgroup, r.CgroupID, r.Reason = s.cg.Path, s.cg.ID, why
+	})
 }
 
 // Reconcile removes the entries of step cgroups that no longer exist (a
@@ -400,14 +448,34 @@ func (d *Daemon) Reconcile() {
 func (d *Daemon) Run(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.ReconcileInterval.Duration)
 	defer t.Stop()
+	flush := time.NewTicker(d.cfg.Audit.FlushInterval.Duration)
+	defer flush.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return d.Close()
 		case <-t.C:
 			d.Reconcile()
+		case <-flush.C:
+			d.mu.Lock()
+			f := d.filter
+			d.mu.Unlock()
+			if f != nil {
+				d.flushAudit(f)
+			}
 		}
 	}
+}
+
+// SetAuditOnly switches between enforcing and audit-only at run time.
+func (d *Daemon) SetAuditOnly(on bool) error {
+	d.auditOnly.Store(on)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.filter == nil {
+		return nil
+	}
+	return d.filter.SetAuditOnly(on)
 }
 
 // Close detaches the filter and waits for the event reader.
@@ -419,12 +487,14 @@ func (d *Daemon) Close() error {
 	if f == nil {
 		return nil
 	}
+	d.flushAudit(f)
 	err := f.Close()
 	d.events.Wait()
 	return err
 }
 
-// readEvents logs each access the kernel denied, attributed to its job.
+// readEvents records each access the kernel reported, attributed to its
+// job, step and user.
 func (d *Daemon) readEvents(f Filter) {
 	defer d.events.Done()
 	for {
@@ -437,22 +507,25 @@ func (d *Daemon) readEvents(f Filter) {
 		}
 		d.mu.Lock()
 		o, known := d.owners[ev.CgroupID]
-		gpu, isGPU := d.byMinor[ev.Minor]
 		d.mu.Unlock()
-		attrs := []any{
-			"decision", ev.Decision.String(), "pid", ev.TGID, "comm", ev.Comm, keyUID, ev.UID,
-			"device", fmt.Sprintf("%d:%d", ev.Major, ev.Minor), "access", ev.Access.String(), "cgroup_id", ev.CgroupID,
+		key := devfilter.RateKey{CgroupID: ev.CgroupID, Major: ev.Major, Minor: ev.Minor, Decision: ev.Decision}
+		r := d.accessRecord(ev, o, known, d.supp.take(key, ev.Suppressed))
+		d.rec.Emit(r)
+		attrs := []any{"decision", r.Decision, "pid", ev.TGID, "comm", ev.Comm, keyUID, ev.UID,
+			"device", fmt.Sprintf("%d:%d", ev.Major, ev.Minor), "access", ev.Access.String(), "cgroup_id", ev.CgroupID}
+		if r.GPU != nil {
+			attrs = append(attrs, keyGPU, r.GPU.Index)
 		}
-		if isGPU {
-			attrs = append(attrs, keyGPU, gpu)
-		}
-		switch {
-		case known && o.exempt == "":
-			attrs = append(attrs, keyJob, o.jobID, keyStep, policy.StepName(o.stepID))
-		case !known:
+		if r.StepID != "" {
+			attrs = append(attrs, keyJob, r.JobID, keyStep, r.StepID)
+		} else if !known {
 			attrs = append(attrs, "note", "cgroup has no policy entry (job without a registered step)")
 		}
-		d.log.Warn("GPU access denied", attrs...)
+		if ev.Decision == devfilter.DecisionAllowed {
+			d.log.Info("GPU access allowed", attrs...)
+		} else {
+			d.log.Warn("GPU access "+r.Decision, attrs...)
+		}
 	}
 }
 

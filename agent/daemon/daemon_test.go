@@ -10,12 +10,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
@@ -45,6 +47,7 @@ func init() {
 }
 
 type tree struct {
+	rec               *memRecorder
 	t                 *testing.T
 	root, scope, gres string
 	dev               string
@@ -68,7 +71,7 @@ func newTree(t *testing.T) *tree {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := &tree{t: t, root: root, scope: filepath.Join(root, "system.slice", "tn_slurmstepd.scope"), dev: t.TempDir()}
+	tr := &tree{t: t, rec: &memRecorder{}, root: root, scope: filepath.Join(root, "system.slice", "tn_slurmstepd.scope"), dev: t.TempDir()}
 	t.Cleanup(tr.remove)
 	for _, d := range []string{"system", "slurmd"} {
 		tr.mkdir(d)
@@ -179,7 +182,7 @@ func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
 	cfg.Scope = tr.scope
 	buf := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(buf, testWriter{tr.t}), nil))
-	d, err := New(cfg, log, NewKernelFilter(mode, 195, log), 195)
+	d, err := New(cfg, log, NewKernelFilter(devfilter.Options{Mode: mode, NvidiaMajor: 195, Logger: log, AuditAllowed: devfilter.AuditAllowedNone}), 195, tr.rec)
 	if err != nil {
 		tr.t.Fatal(err)
 	}
@@ -195,6 +198,37 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 type logBuffer struct{ strings.Builder }
+
+// memRecorder keeps the audit records the daemon emits.
+type memRecorder struct {
+	mu   sync.Mutex
+	recs []audit.Record
+	lost uint64
+}
+
+func (m *memRecorder) Emit(r audit.Record) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recs = append(m.recs, r)
+}
+
+func (m *memRecorder) ReportLoss(n uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lost += n
+}
+
+func (m *memRecorder) records(ev audit.Event) []audit.Record {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []audit.Record
+	for _, r := range m.recs {
+		if r.Event == ev {
+			out = append(out, r)
+		}
+	}
+	return out
+}
 
 func call(d *Daemon, pid int, msg any) *pb.Response {
 	req := &pb.Request{Version: pb.ProtocolVersion_PROTOCOL_VERSION_1}
@@ -259,6 +293,36 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 	}
 
 	tr.expect(task1, 2)
+	d.mu.Lock()
+	f := d.filter
+	d.mu.Unlock()
+	d.flushAudit(f)
+	deadline := time.Now().Add(5 * time.Second)
+	var denied []audit.Record
+	for time.Now().Before(deadline) {
+		denied = nil
+		for _, r := range tr.rec.records(audit.EventGPUAccess) {
+			if r.JobID == 1 && r.Decision == audit.DecisionDenied {
+				denied = append(denied, r)
+			}
+		}
+		if len(denied) == 3 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(denied) != 3 {
+		t.Fatalf("job 1: %d denied records, want 3 (GPUs 0, 1, 3): %+v", len(denied), denied)
+	}
+	for _, r := range denied {
+		if r.StepID != "0" || r.GPU == nil || r.GPU.Index == 2 || r.Device.Path != filepath.Join(tr.dev, fmt.Sprintf("nvidia%d", r.GPU.Index)) ||
+			r.Comm != "daemon.test" || r.PID == 0 || *r.UID != 0 || r.User != "root" || r.PolicyMode != audit.ModeEnforce {
+			t.Errorf("badly attributed record: %+v", r)
+		}
+	}
+	if n := len(tr.rec.records(audit.EventPolicyApplied)); n != 4 {
+		t.Errorf("%d policy_applied records, want 4", n)
+	}
 	tr.expect(batch2, 0, 1)
 	tr.expect(step2, 1)
 	tr.expect(cpu3)
@@ -299,6 +363,12 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 	d.mu.Lock()
 	owners, jobs := len(d.owners), len(d.jobs)
 	d.mu.Unlock()
+	if n := len(tr.rec.records(audit.EventPolicyReleased)); n != 4 {
+		t.Errorf("%d policy_released records, want 4", n)
+	}
+	if n := len(tr.rec.records(audit.EventLookupFailed)); n != 1 {
+		t.Errorf("%d lookup_failed records, want 1 (the foreign task pid)", n)
+	}
 	if want := len(d.exempts); owners != want || jobs != 1 {
 		t.Errorf("after epilogs: %d owners (want the %d exempt ones), %d jobs (want job 6 only: its epilog never came)", owners, want, jobs)
 	}
@@ -347,7 +417,7 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
 		return nil, errors.New("no filter in this test")
-	}, 195)
+	}, 195, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

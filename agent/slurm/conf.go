@@ -129,6 +129,7 @@ func tokens(s string) []string {
 // Settings is what gpufence takes from slurm.conf and cgroup.conf.
 type Settings struct {
 	SlurmConf        string
+	ClusterName      string
 	TaskPlugin       string
 	ConstrainDevices bool
 	// GresConf is the gres.conf beside slurm.conf.
@@ -153,6 +154,9 @@ func ReadSettings(path string) (Settings, error) {
 	for _, l := range lines {
 		if v, ok := l.Get("TaskPlugin"); ok {
 			s.TaskPlugin = v
+		}
+		if v, ok := l.Get("ClusterName"); ok {
+			s.ClusterName = v
 		}
 	}
 	cg := filepath.Join(filepath.Dir(path), "cgroup.conf")

@@ -110,7 +110,7 @@ func TestReadSettings(t *testing.T) {
 		slurm, cgroup string
 		wantLocal     bool
 	}{
-		{"TaskPlugin=task/affinity,task/cgroup\n", "ConstrainDevices=yes\n", true},
+		{"ClusterName=c1\nTaskPlugin=task/affinity,task/cgroup\n", "ConstrainDevices=yes\n", true},
 		{"TaskPlugin=task/affinity,task/cgroup\n", "ConstrainDevices=no\n", false},
 		{"TaskPlugin=task/cgroup\n", "", false},
 		{"TaskPlugin=task/affinity\n", "ConstrainDevices=yes\n", false},
@@ -128,6 +128,9 @@ func TestReadSettings(t *testing.T) {
 		}
 		if s.LocalGPUIndices() != tt.wantLocal {
 			t.Errorf("%q + %q: LocalGPUIndices = %v, want %v", tt.slurm, tt.cgroup, s.LocalGPUIndices(), tt.wantLocal)
+		}
+		if strings.HasPrefix(tt.slurm, "ClusterName=c1") && s.ClusterName != "c1" {
+			t.Errorf("ClusterName = %q", s.ClusterName)
 		}
 		if s.GresConf != filepath.Join(dir, "gres.conf") {
 			t.Errorf("GresConf = %s", s.GresConf)

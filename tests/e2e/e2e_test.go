@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -48,7 +49,13 @@ var (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if s != nil {
-		s.stop()
+		// Stop fails when a process or cgroup of the suite is left.
+		if err := s.stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop cluster:", err)
+			if code == 0 {
+				code = 1
+			}
+		}
 	}
 	if err := setup.Teardown(nil); err != nil {
 		fmt.Fprintln(os.Stderr, "teardown:", err)
@@ -136,9 +143,9 @@ func binaries(ctx context.Context) (string, error) {
 	return filepath.Join(root, "bin"), nil
 }
 
-func (st *suite) startAgent() error {
-	p, err := st.c.StartAgent(st.ctx, filepath.Join(st.bin, "gpufence"), "agent",
-		"--socket", st.sock, "--slurm-conf", st.c.SlurmConf(), "--log-level", "debug")
+func (st *suite) startAgent(extra ...string) error {
+	args := append([]string{"agent", "--socket", st.sock, "--slurm-conf", st.c.SlurmConf(), "--log-level", "debug"}, extra...)
+	p, err := st.c.StartAgent(st.ctx, filepath.Join(st.bin, "gpufence"), args...)
 	if err != nil {
 		return err
 	}
@@ -146,14 +153,16 @@ func (st *suite) startAgent() error {
 	return cluster.WaitSocket(st.sock, 20*time.Second)
 }
 
-func (st *suite) stop() {
+func (st *suite) stop() error {
+	var errs []error
 	if st.agent != nil {
-		st.agent.Stop()
+		errs = append(errs, st.agent.Stop())
 	}
 	if st.c != nil {
-		st.c.Stop()
+		errs = append(errs, st.c.Stop())
 	}
 	st.cancel()
+	return errors.Join(errs...)
 }
 
 // paths of the fake devices a job probes: 4 GPUs, nvidiactl, nvidia-uvm.
@@ -587,6 +596,42 @@ func (st *suite) waitIdle(t *testing.T) {
 	q := st.c.Run(st.ctx, "", "squeue", "-t", "all", "-o", "%i %T %r %j")
 	n := st.c.Run(st.ctx, "", "scontrol", "show", "node")
 	t.Fatalf("node never became idle:\n%s\n%s", q.Stdout, n.Stdout)
+}
+
+// TestPrivilegedPerCgroupMode runs the checks with the fallback attach mode
+// that kernels without bpf_get_current_ancestor_cgroup_id for device
+// programs (6.1, Amazon Linux 2023) use: one filter per step cgroup, with and
+// without Slurm's own ConstrainDevices programs above it.
+func TestPrivilegedPerCgroupMode(t *testing.T) {
+	st := get(t)
+	restart := func(extra ...string) {
+		t.Helper()
+		if err := st.agent.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.startAgent(extra...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restart("--mode", "per-cgroup")
+	defer restart()
+	for _, constrain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ConstrainDevices=%v", constrain), func(t *testing.T) {
+			st.waitIdle(t)
+			if err := st.c.RestartSlurmd(constrain); err != nil {
+				t.Fatal(err)
+			}
+			isolationChecks(t, st)
+			st.waitIdle(t)
+		})
+	}
+	if err := st.c.RestartSlurmd(false); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(st.agent.Log)
+	if !strings.Contains(string(b), "mode=per-cgroup") {
+		t.Errorf("the agent did not run in per-cgroup mode:\n%s", b)
+	}
 }
 
 // TestPrivilegedAgentDown: with the agent stopped, GPU jobs fail at launch

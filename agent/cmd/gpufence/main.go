@@ -14,10 +14,12 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/daemon"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/server"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -29,7 +31,16 @@ type command struct {
 
 var commands = map[string]command{
 	"agent":   {"run the node agent in the foreground (needs root)", runAgent},
+	"audit":   {"read the audit trail: gpufence audit tail [--job N] [--user U] [--denied] [--json] [-f]", runAudit},
 	"version": {"print the version", runVersion},
+}
+
+func runAudit(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "tail" {
+		fmt.Fprintf(stderr, "Usage: gpufence audit tail [flags]\n\nRun 'gpufence audit tail --help' for the flags.\n")
+		return 2
+	}
+	return audit.Tail(args[1:], stdout, stderr)
 }
 
 func main() {
@@ -83,6 +94,8 @@ func runAgent(args []string, _, stderr io.Writer) int {
 	mode := fs.String("mode", def.Mode, "filter attach mode: auto, scope or per-cgroup")
 	logLevel := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
 	logFormat := fs.String("log-format", def.LogFormat, "text or json")
+	auditOnly := fs.Bool("audit-only", false, "allow every access and record what would have been denied (enforcement: audit-only)")
+	auditFile := fs.String("audit-file", def.Audit.File, "JSON Lines audit file (empty disables it)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: gpufence agent [flags]\n\nRuns the node agent in the foreground, logging to stderr. Flags override the configuration file.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -124,6 +137,14 @@ func runAgent(args []string, _, stderr io.Writer) int {
 			cfg.LogLevel = *logLevel
 		case "log-format":
 			cfg.LogFormat = *logFormat
+		case "audit-only":
+			if *auditOnly {
+				cfg.Enforcement = config.EnforcementAuditOnly
+			} else {
+				cfg.Enforcement = config.EnforcementEnforce
+			}
+		case "audit-file":
+			cfg.Audit.File = *auditFile
 		}
 	})
 	if err := cfg.Validate("command line"); err != nil {
@@ -131,7 +152,20 @@ func runAgent(args []string, _, stderr io.Writer) int {
 		return 2
 	}
 	log := newLogger(cfg, stderr)
-	if err := agent(cfg, log); err != nil {
+	reload := func() (config.Config, error) {
+		c, err := config.Load(*cfgPath, explicit)
+		if err != nil {
+			return c, err
+		}
+		// Flags still win over the file.
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "audit-only" {
+				c.Enforcement = cfg.Enforcement
+			}
+		})
+		return c, nil
+	}
+	if err := agent(cfg, log, reload); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
 	}
@@ -148,11 +182,11 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-func agent(cfg config.Config, log *slog.Logger) error {
+func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, error)) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the agent must run as root (it loads BPF programs and serves a root-only socket)")
 	}
-	log.Info("gpufence agent starting", "version", version.Version, "socket", cfg.Socket, "slurm_conf", cfg.SlurmConf, "node", cfg.NodeName)
+	log.Info("gpufence agent starting", "version", version.Version, "socket", cfg.Socket, "slurm_conf", cfg.SlurmConf, "node", cfg.NodeName, "enforcement", cfg.Enforcement)
 	major := cfg.NvidiaMajor
 	if major == 0 {
 		m, found, err := devices.NvidiaMajor()
@@ -174,8 +208,35 @@ func agent(cfg config.Config, log *slog.Logger) error {
 		}
 		mode = probed
 	}
-	d, err := daemon.New(cfg, log, daemon.NewKernelFilter(mode, major, log), major)
+	cluster := cfg.ClusterName
+	if cluster == "" {
+		if st, err := slurm.ReadSettings(cfg.SlurmConf); err == nil {
+			cluster = st.ClusterName
+		}
+	}
+	// The kernel already rate-limits access records exactly, so the
+	// pipeline's own limiter is off.
+	rec, err := audit.New(audit.Options{
+		File: cfg.Audit.File, Journald: cfg.Audit.Journald, Syslog: cfg.Audit.Syslog, QueueSize: cfg.Audit.QueueSize,
+		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version, RateBurst: -1,
+	}, log.With("component", "audit"))
 	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	defer func() {
+		if err := rec.Close(); err != nil {
+			log.Error("close audit trail", "err", err)
+		}
+	}()
+	fopts := devfilter.Options{
+		Mode: mode, NvidiaMajor: major, Logger: log,
+		AuditOnly:    cfg.Enforcement == config.EnforcementAuditOnly,
+		AuditAllowed: devfilter.AuditAllowed(cfg.Audit.Allowed),
+		RateWindow:   cfg.Audit.RateWindow.Duration, RateBurst: cfg.Audit.RateBurst,
+	}
+	d, err := daemon.New(cfg, log, daemon.NewKernelFilter(fopts), major, rec)
+	if err != nil {
+		rec.Emit(audit.Record{Event: audit.EventFilterAttachFailed, Severity: audit.SeverityError, Message: "the agent could not start", Error: err.Error()})
 		return err
 	}
 	ln, err := server.Listen(cfg.Socket)
@@ -185,13 +246,52 @@ func agent(cfg config.Config, log *slog.Logger) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for range hup {
+			onHangup(d, rec, log, reload)
+		}
+	}()
 	srv := server.New(ln, d, log, cfg.RequestTimeout.Duration)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ctx) }()
 	log.Info("gpufence agent ready", "mode", mode)
+	rec.Emit(audit.Record{Event: audit.EventAgentStart, Severity: audit.SeverityNotice, PolicyMode: policyMode(cfg),
+		Message: fmt.Sprintf("gpufence agent %s started (filter mode %s, %s)", version.Version, mode, cfg.Enforcement)})
 	runErr := d.Run(ctx)
 	serveErr := <-errc
 	os.Remove(cfg.Socket)
 	log.Info("gpufence agent stopped")
+	rec.Emit(audit.Record{Event: audit.EventAgentStop, Severity: audit.SeverityNotice, Message: "gpufence agent stopped; the device filter is detached"})
 	return errors.Join(runErr, serveErr)
+}
+
+func policyMode(cfg config.Config) string {
+	if cfg.Enforcement == config.EnforcementAuditOnly {
+		return audit.ModeAuditOnly
+	}
+	return audit.ModeEnforce
+}
+
+// onHangup reopens the audit file (logrotate) and applies the
+// configuration's enforcement mode; other settings need a restart.
+func onHangup(d *daemon.Daemon, rec *audit.Pipeline, log *slog.Logger, reload func() (config.Config, error)) {
+	if err := rec.Reopen(); err != nil {
+		log.Error("reopen audit file", "err", err)
+	}
+	cfg, err := reload()
+	msg := "audit file reopened"
+	if err != nil {
+		log.Error("reload configuration; keeping the running one", "err", err)
+		rec.Emit(audit.Record{Event: audit.EventConfigReload, Severity: audit.SeverityError, Message: "configuration reload failed; the running configuration stays", Error: err.Error()})
+		return
+	}
+	if err := d.SetAuditOnly(cfg.Enforcement == config.EnforcementAuditOnly); err != nil {
+		log.Error("switch enforcement", "err", err)
+	} else {
+		msg += "; enforcement is " + cfg.Enforcement
+	}
+	rec.Emit(audit.Record{Event: audit.EventConfigReload, Severity: audit.SeverityNotice, PolicyMode: policyMode(cfg), Message: msg})
 }
