@@ -95,8 +95,30 @@ func (s *sink) lose(seq uint64) {
 
 func (s *sink) run() {
 	defer s.p.sinksDone.Done()
-	for r := range s.ch {
-		s.deliver(r)
+	// A sink that lost records reports them as soon as it can write again,
+	// not only when the next record happens to arrive.
+	retry := time.NewTicker(s.p.opts.RetryInterval)
+	defer retry.Stop()
+loop:
+	for {
+		select {
+		case r, ok := <-s.ch:
+			if !ok {
+				break loop
+			}
+			s.deliver(r)
+		case <-retry.C:
+			s.mu.Lock()
+			pend := !s.pending.empty()
+			s.mu.Unlock()
+			if pend && time.Since(s.lastTry) >= s.p.opts.RetryInterval {
+				s.lastTry = time.Now()
+				if s.writeLoss() && s.failing {
+					s.p.log.Info("audit sink writes again", "sink", s.name)
+					s.failing = false
+				}
+			}
+		}
 	}
 	// Tell this sink what it lost at the very end, if it can still write.
 	s.mu.Lock()

@@ -32,9 +32,9 @@ type suppression struct {
 	mu       sync.Mutex
 	reported map[devfilter.RateKey]uint64
 	lost     uint64
-	// forget holds cgroups whose steps ended: flushed once more, then
-	// their kernel entries are deleted.
-	forget map[uint64]bool
+	// forget holds cgroups whose steps ended, with who they were: flushed
+	// once more, then their kernel entries are deleted.
+	forget map[uint64]owner
 }
 
 // take returns how many suppressed accesses of key were not reported yet,
@@ -152,7 +152,7 @@ func (d *Daemon) accessRecord(ev devfilter.Event, o owner, known bool, suppresse
 func accessList(a devfilter.Access) []string {
 	var out []string
 	for _, p := range strings.Split(a.String(), ",") {
-		if p != "" {
+		if p != "" && p != "none" {
 			out = append(out, p)
 		}
 	}
@@ -179,9 +179,12 @@ func (d *Daemon) flushAudit(f Filter) {
 		d.mu.Lock()
 		o, known := d.owners[key.CgroupID]
 		d.mu.Unlock()
+		if !known {
+			o, known = forget[key.CgroupID]
+		}
 		ev := devfilter.Event{CgroupID: key.CgroupID, Major: key.Major, Minor: key.Minor, Decision: key.Decision}
 		r := d.accessRecord(ev, o, known, n)
-		r.Event, r.PID, r.Comm, r.UID, r.User, r.Exe = audit.EventAccessSuppressed, 0, "", nil, "", ""
+		r.Event, r.PID, r.Comm, r.UID, r.User, r.Exe, r.Access = audit.EventAccessSuppressed, 0, "", nil, "", "", nil
 		if known && o.exempt == "" {
 			r.UID = audit.UID(o.uid)
 			r.User = d.users.get(o.uid)

@@ -409,14 +409,15 @@ func (d *Daemon) removeStepLocked(j *job, s *step, why string) {
 	delete(d.owners, s.cg.ID)
 	d.supp.mu.Lock()
 	if d.supp.forget == nil {
-		d.supp.forget = map[uint64]bool{}
+		d.supp.forget = map[uint64]owner{}
 	}
-	d.supp.forget[s.cg.ID] = true
+	d.supp.forget[s.cg.ID] = owner{jobID: s.jobID, stepID: s.stepID, uid: s.uid}
 	d.supp.mu.Unlock()
 	d.log.Info("step policy removed", keyJob, s.jobID, keyStep, policy.StepName(s.stepID), "reason", why)
 	d.lifecycle(audit.EventPolicyReleased, audit.SeverityInfo, fmt.Sprintf("job %d step %s released (%s)", s.jobID, policy.StepName(s.stepID), why), func(r *audit.Record) {
 		r.JobID, r.StepID, r.UID, r.User = s.jobID, policy.StepName(s.stepID), audit.UID(s.uid), d.users.get(s.uid)
 		r.Cgroup, r.CgroupID, r.Reason = s.cg.Path, s.cg.ID, why
+		r.GPUs = append([]int{}, s.gpus...)
 	})
 }
 

@@ -31,13 +31,16 @@ const user = cluster.TestUser
 // suite is one cluster with the plugin and the agent, shared by the tests of
 // this package (starting Slurm costs seconds; CI has two cores).
 type suite struct {
-	c      *cluster.Cluster
-	agent  *cluster.Process
-	bin    string // folder with gpufence, spank_gpufence.so, spank_gpufence_go.so
-	open   string // gf-open in the cluster's root
-	sock   string
-	ctx    context.Context
-	cancel context.CancelFunc
+	c     *cluster.Cluster
+	agent *cluster.Process
+	bin   string // folder with gpufence, spank_gpufence.so, spank_gpufence_go.so
+	open  string // gf-open in the cluster's root
+	sock  string
+	// starts counts agent starts; each writes its own audit file.
+	starts     int
+	auditFiles []string
+	ctx        context.Context
+	cancel     context.CancelFunc
 }
 
 var (
@@ -143,8 +146,38 @@ func binaries(ctx context.Context) (string, error) {
 	return filepath.Join(root, "bin"), nil
 }
 
-func (st *suite) startAgent(extra ...string) error {
-	args := append([]string{"agent", "--socket", st.sock, "--slurm-conf", st.c.SlurmConf(), "--log-level", "debug"}, extra...)
+// agentOpts are the settings an agent start differs by.
+type agentOpts struct {
+	mode      string // attach mode; "" = auto
+	auditOnly bool
+	auditFile string // "" = a new file under the cluster's logs
+}
+
+// startAgent starts the agent with its own configuration file and audit
+// file (journald off: the suite never writes into a journal it did not
+// start).
+func (st *suite) startAgent(o ...agentOpts) error {
+	var opt agentOpts
+	if len(o) > 0 {
+		opt = o[0]
+	}
+	st.starts++
+	if opt.auditFile == "" {
+		opt.auditFile = filepath.Join(st.c.Root(), "logs", fmt.Sprintf("audit-%d.jsonl", st.starts))
+	}
+	st.auditFiles = append(st.auditFiles, opt.auditFile)
+	cfg := filepath.Join(st.c.Root(), "etc", fmt.Sprintf("agent-%d.yaml", st.starts))
+	yaml := fmt.Sprintf("audit:\n  file: %s\n  journald: \"off\"\n  flush_interval: 500ms\n", opt.auditFile)
+	if opt.auditOnly {
+		yaml += "enforcement: audit-only\n"
+	}
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		return err
+	}
+	args := []string{"agent", "--config", cfg, "--socket", st.sock, "--slurm-conf", st.c.SlurmConf(), "--log-level", "debug"}
+	if opt.mode != "" {
+		args = append(args, "--mode", opt.mode)
+	}
 	p, err := st.c.StartAgent(st.ctx, filepath.Join(st.bin, "gpufence"), args...)
 	if err != nil {
 		return err
@@ -604,16 +637,16 @@ func (st *suite) waitIdle(t *testing.T) {
 // without Slurm's own ConstrainDevices programs above it.
 func TestPrivilegedPerCgroupMode(t *testing.T) {
 	st := get(t)
-	restart := func(extra ...string) {
+	restart := func(o ...agentOpts) {
 		t.Helper()
 		if err := st.agent.Stop(); err != nil {
 			t.Fatal(err)
 		}
-		if err := st.startAgent(extra...); err != nil {
+		if err := st.startAgent(o...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	restart("--mode", "per-cgroup")
+	restart(agentOpts{mode: "per-cgroup"})
 	defer restart()
 	for _, constrain := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ConstrainDevices=%v", constrain), func(t *testing.T) {
@@ -678,30 +711,6 @@ func TestPrivilegedAgentDown(t *testing.T) {
 	node := st.c.Run(st.ctx, "", "sinfo", "-h", "-o", "%t")
 	if s := strings.TrimSpace(node.Stdout); strings.HasPrefix(s, "drain") || strings.HasPrefix(s, "down") {
 		t.Errorf("node is %q after the refused batch job", s)
-	}
-}
-
-// TestPrivilegedZLeftovers runs last (go test runs tests in source order):
-// once every job is gone, the kernel holds only the exempt entries.
-func TestPrivilegedZLeftovers(t *testing.T) {
-	st := get(t)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if q := st.c.Run(st.ctx, "", "squeue", "-h"); strings.TrimSpace(q.Stdout) == "" {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	var n int
-	var err error
-	for time.Now().Before(deadline) {
-		if n, err = policyEntries(st.c.ScopeDir()); err == nil && n == 2 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err != nil || n != 2 {
-		t.Errorf("policy entries after all jobs ended: %d (%v), want 2 (system and slurmd)", n, err)
 	}
 }
 

@@ -27,6 +27,7 @@ func main() {
 	showEnv := flag.Bool("env", false, "print GPU variables and the cgroup2 path first")
 	loop := flag.Int("loop", 1, "open every path this many times")
 	sleep := flag.Duration("sleep", 0, "pause between rounds of -loop")
+	count := flag.Int("count", 0, "open every path this many times as fast as possible and print one line per path and result: PATH RESULT xN")
 	flag.Parse()
 	if *showEnv {
 		for _, k := range envVars {
@@ -37,6 +38,18 @@ func main() {
 			}
 		}
 		fmt.Printf("cgroup %s\n", cgroup2())
+	}
+	if *count > 0 {
+		for _, p := range flag.Args() {
+			tally := map[string]int{}
+			for range *count {
+				tally[open(p)]++
+			}
+			for res, n := range tally {
+				fmt.Printf("%s %s x%d\n", p, res, n)
+			}
+		}
+		return
 	}
 	for i := 0; i < *loop; i++ {
 		if i > 0 && *sleep > 0 {
