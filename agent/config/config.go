@@ -40,7 +40,7 @@ type Config struct {
 	// found from the first step's own cgroup, or an existing
 	// system.slice/*slurmstepd.scope.
 	Scope string `yaml:"scope"`
-	// Mode is auto, scope (one filter on the scope, kernel >= 6.4) or
+	// Mode is auto, scope (one filter on the scope, kernel >= 6.1) or
 	// per-cgroup (one filter per step cgroup, older kernels).
 	Mode string `yaml:"mode"`
 	// NvidiaMajor overrides the NVIDIA char major; 0 reads /proc/devices,
