@@ -65,6 +65,11 @@ e2e: build ## end-to-end tests against a real Slurm 22.05 on this machine (root;
 test-all: lint build ## every test: unit, privileged and end-to-end (root)
 	$(GO) test -count=1 -timeout 30m ./...
 
+.PHONY: vm-test
+vm-test: build ## production-like node in a throw-away VM: systemd, pure cgroup v2, kernel 6.1 (root; minutes; not in CI)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
+	tests/vm/run-in-vm.sh tests/vm/node-systemd.sh $(BIN)/gpufence $(BIN)/spank_gpufence.so $(BIN)/spank_gpufence_go.so $(BIN)/gf-open
+
 .PHONY: demo
 demo: build ## local Slurm with 4 fake GPUs showing isolation and the denial log (root)
 	$(GO) run ./tests/cmd/gfcluster demo -bin $(BIN)

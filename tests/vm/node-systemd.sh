@@ -1,0 +1,77 @@
+#!/bin/bash
+# Runs INSIDE the throw-away VM (tests/vm/run-in-vm.sh): a production-like
+# node with systemd as PID 1, pure cgroup v2, Slurm 22.05 under systemd and
+# kernel 6.1. Installs the built gpufence files from /host, runs the agent as
+# a systemd service with its defaults, and shows isolation with
+# ConstrainDevices=no and =yes, the audit file and journald. It fails when a
+# foreign GPU opens or an own one does not.
+set -u
+fail=0
+check() { # check OUTPUT DEVICE WANT
+	if ! grep -q "^$2 $3\$" <<<"$1"; then echo "FAIL: $2 is not $3"; fail=1; fi
+}
+uname -r; echo "PID1: $(cat /proc/1/comm)"
+install -d /usr/lib/gpufence
+install -m 0755 /host/gpufence /host/spank_gpufence.so /host/spank_gpufence_go.so /host/gf-open /usr/lib/gpufence/
+for i in 0 1 2 3; do mknod -m 666 /dev/nvidia$i c 195 $i; done
+mknod -m 666 /dev/nvidiactl c 195 255
+useradd -m -u 2001 alice
+CPUS=$(nproc); MEM=$(( $(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 - 300 ))
+cat > /etc/slurm/slurm.conf <<EOC
+ClusterName=vmtest
+SlurmctldHost=vmnode
+SlurmUser=slurm
+AuthType=auth/munge
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+PrologFlags=Contain
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+ReturnToService=2
+MpiDefault=none
+PlugStackConfig=/etc/slurm/plugstack.conf
+NodeName=vmnode CPUs=$CPUS RealMemory=$MEM Gres=gpu:4 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOC
+echo 'Name=gpu File=/dev/nvidia[0-3]' > /etc/slurm/gres.conf
+printf 'CgroupPlugin=cgroup/v2\nConstrainDevices=no\n' > /etc/slurm/cgroup.conf
+echo 'required /usr/lib/gpufence/spank_gpufence.so' > /etc/slurm/plugstack.conf
+mkdir -p /var/log/slurm && chown slurm:slurm /var/log/slurm
+cat > /etc/systemd/system/gpufence.service <<EOC
+[Unit]
+Description=gpufence agent
+Before=slurmd.service
+[Service]
+ExecStart=/usr/lib/gpufence/gpufence agent --log-level debug
+[Install]
+WantedBy=multi-user.target
+EOC
+systemctl daemon-reload
+systemctl start gpufence munge slurmctld slurmd; sleep 2
+systemctl is-active gpufence munge slurmctld slurmd
+for i in $(seq 60); do [ "$(sinfo -h -o %t 2>/dev/null)" = idle ] && break; sleep 1; done
+sinfo
+P="/dev/nvidia0 /dev/nvidia1 /dev/nvidia2 /dev/nvidia3 /dev/nvidiactl"
+echo "== srun gpu:1 (ConstrainDevices=no)"; o=$(su alice -c "srun --gres=gpu:1 /usr/lib/gpufence/gf-open -env $P"); echo "$o"
+check "$o" /dev/nvidia0 ENXIO; check "$o" /dev/nvidia1 EPERM; check "$o" /dev/nvidia3 EPERM; check "$o" /dev/nvidiactl ENXIO
+echo "== srun gpu:2 forged"; o=$(su alice -c "CUDA_VISIBLE_DEVICES=0,1,2,3 SLURM_STEP_GPUS=0,1,2,3 srun --gres=gpu:2 /usr/lib/gpufence/gf-open -env $P"); echo "$o"
+check "$o" /dev/nvidia1 ENXIO; check "$o" /dev/nvidia2 EPERM; check "$o" /dev/nvidia3 EPERM
+echo "== cpu-only"; o=$(su alice -c "srun /usr/lib/gpufence/gf-open $P"); echo "$o"
+check "$o" /dev/nvidia0 EPERM; check "$o" /dev/nvidia3 EPERM
+printf 'CgroupPlugin=cgroup/v2\nConstrainDevices=yes\n' > /etc/slurm/cgroup.conf; systemctl restart slurmd
+for i in $(seq 60); do [ "$(sinfo -h -o %t 2>/dev/null)" = idle ] && break; sleep 1; done
+echo "== srun gpu:1 (ConstrainDevices=yes)"; o=$(su alice -c "srun --gres=gpu:1 /usr/lib/gpufence/gf-open -env $P"); echo "$o"
+check "$o" /dev/nvidia0 ENXIO; check "$o" /dev/nvidia1 EPERM; check "$o" /dev/nvidiactl ENXIO
+echo "== bpftool cgroup tree (scope)"; bpftool cgroup tree /sys/fs/cgroup/system.slice 2>/dev/null | grep -E 'slurmstepd|devfilter|Slurm' | head
+echo "== agent journal"; journalctl -u gpufence --no-pager -o cat | grep -E 'attached|exempt|denied|applied' | head -20
+echo "== audit file"; wc -l /var/log/gpufence/audit.jsonl; /usr/lib/gpufence/gpufence audit tail --denied | head -8
+echo "== journald records"; journalctl -o json --no-pager SYSLOG_IDENTIFIER=gpufence 2>/dev/null | head -c 600; echo
+systemctl stop slurmd gpufence
+[ "$(grep -c '"decision":"denied"' /var/log/gpufence/audit.jsonl)" -ge 7 ] || { echo "FAIL: too few denied audit records"; fail=1; }
+echo "result: $([ $fail = 0 ] && echo PASS || echo FAIL)"
+exit $fail
