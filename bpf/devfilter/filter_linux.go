@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -102,6 +103,10 @@ type Filter struct {
 	rateFull *ebpf.Map
 	reader   *ringbuf.Reader
 
+	// pinDir is Options.PinDir; adopted says New took its pins over.
+	pinDir  string
+	adopted bool
+
 	mu     sync.Mutex
 	closed bool
 	// cfg is what the config map holds.
@@ -114,8 +119,17 @@ type Filter struct {
 
 // New loads the program for opts.Mode, configures it and, in ModeScope,
 // attaches it to opts.ScopeDir.
-func New(opts Options) (*Filter, error) {
-	opts, err := opts.validate()
+//
+// With opts.PinDir, New first adopts what a previous filter pinned there
+// for the same mode and scope: the maps it can use as they are (policies
+// survive), the scope link or the per-cgroup links, into which it swaps the
+// new program by bpf_link update (the kernel replaces the program
+// atomically: the cgroup is never without a filter). A map whose layout
+// changed is created anew, its entries copied when they keep their layout.
+// Pins of another mode or scope are stale: detached and removed first.
+// Everything New and Set create is pinned.
+func New(opts Options) (_ *Filter, err error) {
+	opts, err = opts.validate()
 	if err != nil {
 		return nil, err
 	}
@@ -124,31 +138,56 @@ func New(opts Options) (*Filter, error) {
 			return nil, err
 		}
 	}
-	var level int
+	var (
+		level   int
+		scopeID uint64
+	)
 	if opts.Mode == ModeScope {
 		if level, err = scopeLevel(opts.ScopeDir); err != nil {
 			return nil, fmt.Errorf("device filter scope: %w", err)
 		}
+		var st unix.Stat_t
+		if err := unix.Stat(opts.ScopeDir, &st); err != nil {
+			return nil, fmt.Errorf("device filter scope: %w", err)
+		}
+		scopeID = st.Ino
 	}
 	// Only needed before Linux 5.11, which charged BPF memory to RLIMIT_MEMLOCK.
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("device filter: %w", err)
 	}
 
-	f := &Filter{mode: opts.Mode, log: opts.Logger, attached: map[uint64]link.Link{}}
+	f := &Filter{mode: opts.Mode, log: opts.Logger, attached: map[uint64]link.Link{}, pinDir: opts.PinDir}
 	spec, err := loadDevfilter()
 	if err != nil {
 		return nil, err
 	}
+	if testSpecHook != nil {
+		testSpecHook(opts.Mode, spec)
+	}
+	var prev *pinned
+	if opts.PinDir != "" {
+		if err := EnsureBPFFS(opts.PinDir); err != nil {
+			return nil, fmt.Errorf("device filter: %w", err)
+		}
+		if prev, err = openPinned(opts.PinDir, opts.Mode, scopeID, f.log); err != nil {
+			return nil, fmt.Errorf("device filter: %w", err)
+		}
+		// Closes the fds of the pinned objects not taken over; the pins
+		// keep them.
+		defer prev.close()
+	}
+	reused := prev.replacements(spec, opts.Mode, f.log)
+	loadOpts := &ebpf.CollectionOptions{MapReplacements: reused}
 	switch opts.Mode {
 	case ModeScope:
 		var objs scopeObjects
-		err = spec.LoadAndAssign(&objs, nil)
+		err = spec.LoadAndAssign(&objs, loadOpts)
 		f.program, f.config, f.policies, f.events, f.lost = objs.Program, objs.Config, objs.Policies, objs.Events, objs.Lost
 		f.rate, f.rateFull = objs.Rate, objs.RateFull
 	case ModePerCgroup:
 		var objs perCgroupObjects
-		err = spec.LoadAndAssign(&objs, nil)
+		err = spec.LoadAndAssign(&objs, loadOpts)
 		f.program, f.config, f.storage, f.events, f.lost = objs.Program, objs.Config, objs.Storage, objs.Events, objs.Lost
 		f.rate, f.rateFull = objs.Rate, objs.RateFull
 	}
@@ -168,18 +207,53 @@ func New(opts Options) (*Filter, error) {
 		RateWindowNs: uint64(opts.RateWindow),
 		RateBurst:    opts.RateBurst,
 	}
+	// An adopted config map is read by the running program; it keeps its
+	// layout (else it is not adopted), and only the option words change.
 	if err := f.config.Put(uint32(0), &f.cfg); err != nil {
 		return nil, errors.Join(fmt.Errorf("configure device filter: %w", err), f.closeObjects())
 	}
 	if f.reader, err = ringbuf.NewReader(f.events); err != nil {
 		return nil, errors.Join(fmt.Errorf("device filter events: %w", err), f.closeObjects())
 	}
-	if opts.Mode == ModeScope {
-		if f.scopeLink, err = attach(opts.ScopeDir, 0, f.program); err != nil {
-			return nil, errors.Join(err, f.reader.Close(), f.closeObjects())
+	defer func() {
+		if err != nil {
+			// Closes fds only for what is pinned, detaches the rest.
+			err = errors.Join(err, f.Close())
+		}
+	}()
+	if opts.PinDir != "" {
+		if err := f.pinMaps(opts.PinDir, prev, reused, scopeID); err != nil {
+			return nil, err
 		}
 	}
+	switch {
+	case opts.Mode == ModeScope && prev != nil && prev.link != nil:
+		// BPF_LINK_UPDATE: the kernel swaps the program of the attachment
+		// in place (the bpf_link counterpart of BPF_F_REPLACE).
+		if info, err := prev.link.Info(); err == nil && info.Cgroup() != nil && info.Cgroup().CgroupId != scopeID {
+			return nil, fmt.Errorf("pinned device filter link is on cgroup %d, not the scope %d", info.Cgroup().CgroupId, scopeID)
+		}
+		if err := prev.link.Update(f.program); err != nil {
+			return nil, fmt.Errorf("update device filter program on the scope: %w", err)
+		}
+		f.scopeLink, prev.link = prev.link, nil
+	case opts.Mode == ModeScope:
+		if f.scopeLink, err = attach(opts.ScopeDir, 0, f.program); err != nil {
+			return nil, err
+		}
+		if opts.PinDir != "" {
+			if err := pinOver(opts.PinDir, pinLinkName, f.scopeLink.Pin); err != nil {
+				return nil, err
+			}
+		}
+	case prev != nil:
+		if err := f.adoptCgroupLinks(prev, reused["storage"] != nil); err != nil {
+			return nil, err
+		}
+	}
+	f.adopted = prev != nil
 	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
+		"pin_dir", opts.PinDir, "adopted", f.adopted, "adopted_links", len(f.attached),
 		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "audit_only", opts.AuditOnly,
 		"audit_allowed", string(opts.AuditAllowed), "rate_window", opts.RateWindow, "rate_burst", opts.RateBurst)
 	return f, nil
@@ -220,11 +294,22 @@ func attach(dir string, id uint64, prog *ebpf.Program) (link.Link, error) {
 			return nil, fmt.Errorf("attach device filter to %s: cgroup id %d, not %d", dir, st.Ino, id)
 		}
 	}
-	l, err := link.AttachRawLink(link.RawLinkOptions{Target: fd, Program: prog, Attach: ebpf.AttachCGroupDevice})
+	l, err := attachFD(fd, prog)
 	if err != nil {
 		return nil, fmt.Errorf("attach device filter to %s: %w", dir, err)
 	}
 	return l, nil
+}
+
+// attachFD links prog to the cgroup directory open at fd.
+func attachFD(fd int, prog *ebpf.Program) (link.Link, error) {
+	// AttachCgroup would fall back to a plain attach without bpf_link, which
+	// cannot be pinned nor updated; a raw link fails instead.
+	raw, err := link.AttachRawLink(link.RawLinkOptions{Target: fd, Program: prog, Attach: ebpf.AttachCGroupDevice})
+	if err != nil {
+		return nil, err
+	}
+	return raw, nil
 }
 
 // Mode is the mode the filter runs in.
@@ -275,6 +360,11 @@ func (f *Filter) Set(cg Cgroup, p Policy) error {
 		if err != nil {
 			return err
 		}
+		if f.pinDir != "" {
+			if err := pinOver(f.pinDir, cgroupPinName(cg.ID), l.Pin); err != nil {
+				return errors.Join(err, l.Close())
+			}
+		}
 		f.attached[cg.ID] = l
 		f.log.Debug("device filter attached", "cgroup", cg.ID, "path", cg.Path)
 	}
@@ -314,6 +404,16 @@ func (f *Filter) Remove(cg Cgroup) error {
 	err := f.storage.Update(storageKey(cg.ID), &zero, ebpf.UpdateExist)
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("remove device policy of cgroup %d: %w", cg.ID, err)
+	}
+	if f.pinDir != "" {
+		// The pin holds the link: detach it explicitly.
+		if err := l.Detach(); err != nil {
+			return fmt.Errorf("detach device filter from cgroup %d: %w", cg.ID, err)
+		}
+		p := filepath.Join(f.pinDir, cgroupPinName(cg.ID))
+		if err := unlinkPin(p); err != nil {
+			return fmt.Errorf("unpin device filter of cgroup %d: %w", cg.ID, err)
+		}
 	}
 	if err := l.Close(); err != nil {
 		return fmt.Errorf("detach device filter from cgroup %d: %w", cg.ID, err)
@@ -508,6 +608,8 @@ func (f *Filter) SetAuditOnly(on bool) error {
 }
 
 // Close detaches everything the filter attached and frees its objects.
+// With Options.PinDir it only closes its file descriptors: the pins keep
+// the program attached and the policies in force (Unpin removes them).
 func (f *Filter) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -536,7 +638,7 @@ func (f *Filter) Close() error {
 		delete(f.attached, id)
 	}
 	errs = append(errs, f.closeObjects())
-	f.log.Info("device filter closed", "mode", string(f.mode))
+	f.log.Info("device filter closed", "mode", string(f.mode), "pinned", f.pinDir != "")
 	return errors.Join(errs...)
 }
 

@@ -38,6 +38,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(stormEnv); spec != "" {
 		os.Exit(childStorm(spec))
 	}
+	if dir := os.Getenv(loopEnv); dir != "" {
+		os.Exit(childLoop(dir))
+	}
 	os.Exit(m.Run())
 }
 

@@ -65,6 +65,11 @@ type Options struct {
 	// RateBurst is how many reports per cgroup, device and decision one
 	// window may carry, the others being counted as suppressed; 0 means 5.
 	RateBurst uint32
+	// PinDir is a directory on bpffs (e.g. /sys/fs/bpf/gpufence) where the
+	// filter pins its maps and links so that enforcement outlives the
+	// process, and where New adopts what a previous filter pinned. ""
+	// pins nothing: Close then detaches.
+	PinDir string
 }
 
 // AuditAllowed says which allowed GPU accesses the program reports.
@@ -100,6 +105,9 @@ func (o Options) validate() (Options, error) {
 		}
 	} else if !strings.HasPrefix(o.ScopeDir, "/") {
 		return o, fmt.Errorf("devfilter options: ScopeDir %q: not an absolute path", o.ScopeDir)
+	}
+	if o.PinDir != "" && !strings.HasPrefix(o.PinDir, "/") {
+		return o, fmt.Errorf("devfilter options: PinDir %q: not an absolute path", o.PinDir)
 	}
 	if o.NvidiaMajor == 0 {
 		o.NvidiaMajor = DefaultNvidiaMajor
