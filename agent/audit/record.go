@@ -28,6 +28,9 @@ const (
 	EventConfigReload       Event = "config_reload"
 	EventJobWithoutProlog   Event = "job_without_prolog"
 	EventAuditLoss          Event = "audit_loss"
+	// EventStaleEntryRemoved: at start, a kernel entry of a cgroup that no
+	// longer exists (left by an earlier run) was removed.
+	EventStaleEntryRemoved Event = "stale_entry_removed"
 )
 
 // Severity is the record's importance; it maps to syslog and journald priorities.

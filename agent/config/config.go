@@ -66,6 +66,12 @@ type Config struct {
 	Enforcement string `yaml:"enforcement"`
 	// Audit configures the audit trail.
 	Audit Audit `yaml:"audit"`
+	// PinDir is where the filter's program, link and maps are pinned in
+	// bpffs so enforcement outlives the agent; empty detaches at stop.
+	PinDir string `yaml:"pin_dir"`
+	// StateFile keeps which job and step each kernel entry belongs to
+	// across agent restarts; empty keeps it in memory only.
+	StateFile string `yaml:"state_file"`
 }
 
 // Audit configures where GPU access decisions are recorded.
@@ -138,6 +144,8 @@ func Default() Config {
 		LogLevel:          "info",
 		LogFormat:         "text",
 		Enforcement:       EnforcementEnforce,
+		PinDir:            "/sys/fs/bpf/gpufence",
+		StateFile:         "/var/lib/gpufence/state.json",
 		Audit: Audit{
 			File:          "/var/log/gpufence/audit.jsonl",
 			Journald:      "auto",
@@ -220,6 +228,12 @@ func (c Config) Validate(source string) error {
 	case EnforcementEnforce, EnforcementAuditOnly:
 	default:
 		bad("enforcement", "%q is not one of enforce, audit-only", c.Enforcement)
+	}
+	if c.PinDir != "" && !filepath.IsAbs(c.PinDir) {
+		bad("pin_dir", "%q must be an absolute path on bpffs (or empty)", c.PinDir)
+	}
+	if c.StateFile != "" && !filepath.IsAbs(c.StateFile) {
+		bad("state_file", "%q must be an absolute path (or empty)", c.StateFile)
 	}
 	a := c.Audit
 	if a.File != "" && !filepath.IsAbs(a.File) {

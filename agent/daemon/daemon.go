@@ -126,6 +126,16 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		d.byMinor[g.Minor] = g.Index
 		d.log.Info("gpu", keyGPU, g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor))
 	}
+	saved, err := loadState(cfg.StateFile)
+	if err != nil {
+		d.log.Error("saved agent state unreadable; running jobs lose attribution, their kernel entries stay until their cgroups go", "err", err)
+	}
+	d.mu.Lock()
+	d.restoreLocked(saved)
+	d.mu.Unlock()
+	if len(saved.Jobs) > 0 {
+		d.log.Info("restored jobs from the saved state", "jobs", len(saved.Jobs), "file", cfg.StateFile)
+	}
 	if scope := d.findScope(); scope != "" {
 		d.mu.Lock()
 		err := d.attachLocked(scope)
@@ -133,6 +143,8 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		if err != nil {
 			return nil, err
 		}
+		// Steps that ended while the agent was away.
+		d.Reconcile()
 	} else {
 		d.log.Info("Slurm's slurmstepd scope does not exist yet; the filter is attached when the first step registers", "cgroup_mount", mount)
 	}
@@ -167,6 +179,7 @@ func (d *Daemon) attachLocked(scope string) error {
 		}
 		return nil
 	}
+	d.cleanStaleLocked(scope)
 	f, err := d.newFilter(scope)
 	if err != nil {
 		err = fmt.Errorf("attach device filter to %s: %w", scope, err)
@@ -176,7 +189,11 @@ func (d *Daemon) attachLocked(scope string) error {
 		return err
 	}
 	d.filter, d.scope = f, scope
-	d.log.Info("device filter attached", keyCgroup, scope, "mode", f.Mode())
+	adopted := false
+	if a, ok := f.(interface{ Adopted() bool }); ok {
+		adopted = a.Adopted()
+	}
+	d.log.Info("device filter attached", keyCgroup, scope, "mode", f.Mode(), "adopted_pinned", adopted)
 	d.events.Add(1)
 	go d.readEvents(f)
 	d.refreshExemptLocked()
@@ -263,6 +280,7 @@ func (d *Daemon) jobProlog(m *pb.JobProlog) error {
 		j.steps = old.steps
 	}
 	d.jobs[j.ID] = j
+	d.saveLocked()
 	d.mu.Unlock()
 	if j.broken != "" {
 		log.Error("job prolog recorded with an unusable GPU list; its GPU steps will be refused", "reason", j.broken)
@@ -358,6 +376,7 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 	}
 	j.steps[stepID] = &step{jobID: jobID, stepID: stepID, uid: m.GetUid(), cg: cg, gpus: dec.GPUs}
 	d.owners[cg.ID] = owner{jobID: jobID, stepID: stepID, uid: m.GetUid()}
+	d.saveLocked()
 	log.Info("step policy applied", "gpus", policy.FormatGPUList(dec.GPUs), keyCgroup, cg.Path)
 	d.lifecycle(audit.EventPolicyApplied, audit.SeverityInfo,
 		fmt.Sprintf("job %d step %s may open GPUs [%s]", jobID, policy.StepName(stepID), policy.FormatGPUList(dec.GPUs)), func(r *audit.Record) {
@@ -383,6 +402,7 @@ func (d *Daemon) stepEnd(jobID, stepID uint32) {
 		return
 	}
 	d.removeStepLocked(j, j.steps[stepID], "step ended")
+	d.saveLocked()
 }
 
 func (d *Daemon) jobEpilog(jobID uint32) {
@@ -396,6 +416,7 @@ func (d *Daemon) jobEpilog(jobID uint32) {
 		d.removeStepLocked(j, s, "job ended")
 	}
 	delete(d.jobs, jobID)
+	d.saveLocked()
 	d.log.Info("job released", keyJob, jobID)
 }
 
@@ -427,12 +448,17 @@ func (d *Daemon) removeStepLocked(j *job, s *step, why string) {
 func (d *Daemon) Reconcile() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	changed := false
 	for _, j := range d.jobs {
 		for _, s := range j.steps {
 			if id, err := jobcgroup.ID(s.cg.Path); err != nil || id != s.cg.ID {
 				d.removeStepLocked(j, s, "step cgroup vanished")
+				changed = true
 			}
 		}
+	}
+	if changed {
+		d.saveLocked()
 	}
 	if d.filter == nil {
 		if scope := d.findScope(); scope != "" {

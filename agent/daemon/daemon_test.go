@@ -180,6 +180,8 @@ func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
 	cfg := config.Default()
 	cfg.SlurmConf = filepath.Join(tr.gres, "slurm.conf")
 	cfg.Scope = tr.scope
+	cfg.PinDir = ""
+	cfg.StateFile = filepath.Join(tr.t.TempDir(), "state.json")
 	buf := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(buf, testWriter{tr.t}), nil))
 	d, err := New(cfg, log, NewKernelFilter(devfilter.Options{Mode: mode, NvidiaMajor: 195, Logger: log, AuditAllowed: devfilter.AuditAllowedNone}), 195, tr.rec)
@@ -415,6 +417,7 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 	cfg := config.Default()
 	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
+	cfg.PinDir, cfg.StateFile = "", ""
 	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
 		return nil, errors.New("no filter in this test")
 	}, 195, nil)

@@ -39,8 +39,11 @@ type suite struct {
 	// starts counts agent starts; each writes its own audit file.
 	starts     int
 	auditFiles []string
-	ctx        context.Context
-	cancel     context.CancelFunc
+	// bpffs is the suite's own bpffs mount for the agent's pins.
+	bpffs        string
+	bpffsMounted bool
+	ctx          context.Context
+	cancel       context.CancelFunc
 }
 
 var (
@@ -108,6 +111,18 @@ func start(t *testing.T) (*suite, error) {
 	}
 	st.c = c
 	st.sock = filepath.Join(c.Root(), "run", "agent.sock")
+	// The agent pins its filter in a bpffs of the suite's own, never in
+	// the host's /sys/fs/bpf.
+	st.bpffs = filepath.Join(c.Root(), "bpffs")
+	if err := os.MkdirAll(st.bpffs, 0o700); err != nil {
+		st.stop()
+		return nil, err
+	}
+	if out, err := exec.Command("mount", "-t", "bpf", "gpufence-e2e", st.bpffs).CombinedOutput(); err != nil {
+		st.stop()
+		return nil, fmt.Errorf("mount bpffs: %v %s", err, out)
+	}
+	st.bpffsMounted = true
 	if st.open, err = c.BuildTool(ctx, "gf-open"); err != nil {
 		st.stop()
 		return nil, err
@@ -167,7 +182,8 @@ func (st *suite) startAgent(o ...agentOpts) error {
 	}
 	st.auditFiles = append(st.auditFiles, opt.auditFile)
 	cfg := filepath.Join(st.c.Root(), "etc", fmt.Sprintf("agent-%d.yaml", st.starts))
-	yaml := fmt.Sprintf("audit:\n  file: %s\n  journald: \"off\"\n  flush_interval: 500ms\n", opt.auditFile)
+	yaml := fmt.Sprintf("audit:\n  file: %s\n  journald: \"off\"\n  flush_interval: 500ms\npin_dir: %s\nstate_file: %s\n",
+		opt.auditFile, filepath.Join(st.bpffs, "gpufence"), filepath.Join(st.c.Root(), "run", "agent-state.json"))
 	if opt.auditOnly {
 		yaml += "enforcement: audit-only\n"
 	}
@@ -190,6 +206,12 @@ func (st *suite) stop() error {
 	var errs []error
 	if st.agent != nil {
 		errs = append(errs, st.agent.Stop())
+	}
+	if st.bpffsMounted {
+		// Dropping the pins detaches the filter.
+		if out, err := exec.Command("umount", st.bpffs).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("umount %s: %v %s", st.bpffs, err, out))
+		}
 	}
 	if st.c != nil {
 		errs = append(errs, st.c.Stop())
@@ -665,6 +687,84 @@ func TestPrivilegedPerCgroupMode(t *testing.T) {
 	if !strings.Contains(string(b), "mode=per-cgroup") {
 		t.Errorf("the agent did not run in per-cgroup mode:\n%s", b)
 	}
+}
+
+// TestPrivilegedAgentKilled: kill -9 of the agent while a job probes every
+// GPU in a loop. Before, during and after, the probe never opens a GPU the
+// job was not given, and always opens its own; the restarted agent adopts
+// the pinned filter and the saved jobs, so a later step of the running job
+// gets the job's GPU.
+func TestPrivilegedAgentKilled(t *testing.T) {
+	st := get(t)
+	work := filepath.Join(st.c.Root(), "work")
+	marker := filepath.Join(work, fmt.Sprintf("restarted-%d", time.Now().UnixNano()))
+	out := filepath.Join(work, "killed.$SLURM_JOB_ID")
+	script := fmt.Sprintf("%s -loop 1500 -sleep 4ms %s > %s.probe\nwhile [ ! -e %s ]; do sleep 0.1; done\nsrun --gres=gpu:1 %s -env %s > %s.step\n",
+		st.open, strings.Join(st.c.DevPaths(), " "), out, marker, st.open, strings.Join(st.paths(), " "), out)
+	f := filepath.Join(work, fmt.Sprintf("killed-%d.sh", time.Now().UnixNano()))
+	if err := os.WriteFile(f, []byte("#!/bin/sh\n"+script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := st.c.Run(st.ctx, user, "sbatch", "--parsable", "--gres=gpu:1", "-o", filepath.Join(work, "killed-%j.out"), f)
+	mustOK(t, r)
+	id := strings.TrimSpace(r.Stdout)
+	probe := strings.ReplaceAll(out, "$SLURM_JOB_ID", id) + ".probe"
+	// Kill the agent once the probe is running.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, _ := os.ReadFile(probe); len(b) > 2000 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := syscall.Kill(st.agent.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if err := st.startAgent(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state, err := st.c.WaitJob(st.ctx, id)
+	log, _ := os.ReadFile(filepath.Join(work, "killed-"+id+".out"))
+	if err != nil || state != "COMPLETED" {
+		t.Fatalf("job %s: %q %v\n%s", id, state, err, log)
+	}
+	b, err := os.ReadFile(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".step")
+	own := gpusOf(t, step, "SLURM_STEP_GPUS")
+	st.expectGPUs(t, step, own)
+	tally := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		tally[l]++
+	}
+	for i, p := range st.c.DevPaths() {
+		want, other := "EPERM", "ENXIO"
+		if slices.Contains(own, i) {
+			want, other = "ENXIO", "EPERM"
+		}
+		if tally[p+" "+want] != 1500 || tally[p+" "+other]+tally[p+" OK"] != 0 {
+			t.Errorf("GPU %d across the kill: %d %s, %d %s, %d OK; want all 1500 %s", i, tally[p+" "+want], want, tally[p+" "+other], other, tally[p+" OK"], want)
+		}
+	}
+	t.Logf("probe: %v", tally)
+	alog, _ := os.ReadFile(st.agent.Log)
+	if !strings.Contains(string(alog), "adopted_pinned=true") || !strings.Contains(string(alog), "restored jobs") {
+		t.Errorf("the restarted agent did not adopt the pinned filter and saved jobs:\n%s", tailLines(string(alog), 30))
+	}
+}
+
+func tailLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
 }
 
 // TestPrivilegedAgentDown: with the agent stopped, GPU jobs fail at launch

@@ -96,6 +96,8 @@ func runAgent(args []string, _, stderr io.Writer) int {
 	logFormat := fs.String("log-format", def.LogFormat, "text or json")
 	auditOnly := fs.Bool("audit-only", false, "allow every access and record what would have been denied (enforcement: audit-only)")
 	auditFile := fs.String("audit-file", def.Audit.File, "JSON Lines audit file (empty disables it)")
+	pinDir := fs.String("pin-dir", def.PinDir, "bpffs folder where the filter is pinned so it outlives the agent (empty: detach at stop)")
+	stateFile := fs.String("state-file", def.StateFile, "file keeping job and step attribution across restarts (empty: memory only)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: gpufence agent [flags]\n\nRuns the node agent in the foreground, logging to stderr. Flags override the configuration file.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -145,6 +147,10 @@ func runAgent(args []string, _, stderr io.Writer) int {
 			}
 		case "audit-file":
 			cfg.Audit.File = *auditFile
+		case "pin-dir":
+			cfg.PinDir = *pinDir
+		case "state-file":
+			cfg.StateFile = *stateFile
 		}
 	})
 	if err := cfg.Validate("command line"); err != nil {
@@ -229,7 +235,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 		}
 	}()
 	fopts := devfilter.Options{
-		Mode: mode, NvidiaMajor: major, Logger: log,
+		Mode: mode, NvidiaMajor: major, Logger: log, PinDir: cfg.PinDir,
 		AuditOnly:    cfg.Enforcement == config.EnforcementAuditOnly,
 		AuditAllowed: devfilter.AuditAllowed(cfg.Audit.Allowed),
 		RateWindow:   cfg.Audit.RateWindow.Duration, RateBurst: cfg.Audit.RateBurst,
@@ -264,7 +270,11 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	serveErr := <-errc
 	os.Remove(cfg.Socket)
 	log.Info("gpufence agent stopped")
-	rec.Emit(audit.Record{Event: audit.EventAgentStop, Severity: audit.SeverityNotice, Message: "gpufence agent stopped; the device filter is detached"})
+	stopMsg := "gpufence agent stopped; the device filter is detached (no pin_dir)"
+	if cfg.PinDir != "" {
+		stopMsg = "gpufence agent stopped; the device filter stays in force from " + cfg.PinDir
+	}
+	rec.Emit(audit.Record{Event: audit.EventAgentStop, Severity: audit.SeverityNotice, Message: stopMsg})
 	return errors.Join(runErr, serveErr)
 }
 

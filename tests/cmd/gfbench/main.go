@@ -224,7 +224,8 @@ type bench struct {
 
 func (b *bench) startAgent(ctx context.Context) error {
 	sock := filepath.Join(b.c.Root(), "run/agent.sock")
-	p, err := b.c.StartAgent(ctx, b.agentBin, "agent", "--socket", sock, "--slurm-conf", b.c.SlurmConf())
+	p, err := b.c.StartAgent(ctx, b.agentBin, "agent", "--socket", sock, "--slurm-conf", b.c.SlurmConf(),
+		"--pin-dir=", "--state-file=", "--audit-file", filepath.Join(b.c.Root(), "logs", "audit.jsonl"))
 	if err != nil {
 		return err
 	}

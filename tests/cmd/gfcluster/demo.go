@@ -62,7 +62,9 @@ func demo(ctx context.Context, args []string) error {
 	if err := c.RestartSlurmd(false); err != nil {
 		return err
 	}
-	agent, err = c.StartAgent(ctx, filepath.Join(binDir, "gpufence"), "agent", "--socket", sock, "--slurm-conf", c.SlurmConf())
+	agent, err = c.StartAgent(ctx, filepath.Join(binDir, "gpufence"), "agent", "--socket", sock, "--slurm-conf", c.SlurmConf(),
+		// The demo leaves no pins, state or audit file behind on the host.
+		"--pin-dir=", "--state-file=", "--audit-file", filepath.Join(c.Root(), "logs", "audit.jsonl"))
 	if err != nil {
 		return err
 	}
