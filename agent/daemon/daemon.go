@@ -494,6 +494,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 }
 
+// Healthy returns once the daemon's state lock could be taken; the systemd
+// watchdog pings only after it returns, so a wedged agent gets restarted.
+func (d *Daemon) Healthy() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+}
+
 // SetAuditOnly switches between enforcing and audit-only at run time.
 func (d *Daemon) SetAuditOnly(on bool) error {
 	d.auditOnly.Store(on)

@@ -42,8 +42,10 @@ type suite struct {
 	// bpffs is the suite's own bpffs mount for the agent's pins.
 	bpffs        string
 	bpffsMounted bool
-	ctx          context.Context
-	cancel       context.CancelFunc
+	// activatedStarts counts socket-activated agent starts (one log).
+	activatedStarts int
+	ctx             context.Context
+	cancel          context.CancelFunc
 }
 
 var (
@@ -168,10 +170,10 @@ type agentOpts struct {
 	auditFile string // "" = a new file under the cluster's logs
 }
 
-// startAgent starts the agent with its own configuration file and audit
-// file (journald off: the suite never writes into a journal it did not
-// start).
-func (st *suite) startAgent(o ...agentOpts) error {
+// agentArgs writes the agent's own configuration file and audit file for
+// one start (journald off: the suite never writes into a journal it did not
+// start; pins in the suite's own bpffs) and returns the agent's arguments.
+func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 	var opt agentOpts
 	if len(o) > 0 {
 		opt = o[0]
@@ -188,11 +190,20 @@ func (st *suite) startAgent(o ...agentOpts) error {
 		yaml += "enforcement: audit-only\n"
 	}
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
-		return err
+		return nil, err
 	}
 	args := []string{"agent", "--config", cfg, "--socket", st.sock, "--slurm-conf", st.c.SlurmConf(), "--log-level", "debug"}
 	if opt.mode != "" {
 		args = append(args, "--mode", opt.mode)
+	}
+	return args, nil
+}
+
+// startAgent starts the agent and waits for its socket.
+func (st *suite) startAgent(o ...agentOpts) error {
+	args, err := st.agentArgs(o...)
+	if err != nil {
+		return err
 	}
 	p, err := st.c.StartAgent(st.ctx, filepath.Join(st.bin, "gpufence"), args...)
 	if err != nil {

@@ -245,7 +245,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 		rec.Emit(audit.Record{Event: audit.EventFilterAttachFailed, Severity: audit.SeverityError, Message: "the agent could not start", Error: err.Error()})
 		return err
 	}
-	ln, err := server.Listen(cfg.Socket)
+	ln, activated, err := listen(cfg, log)
 	if err != nil {
 		d.Close()
 		return err
@@ -263,12 +263,19 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	srv := server.New(ln, d, log, cfg.RequestTimeout.Duration)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ctx) }()
-	log.Info("gpufence agent ready", "mode", mode)
+	log.Info("gpufence agent ready", "mode", mode, "socket_activated", activated)
+	// Ready only now: the filter is attached (or waits for Slurm's scope),
+	// pinned state is adopted and the socket answers.
+	notify(log, "READY=1\nSTATUS=enforcing GPU isolation ("+cfg.Enforcement+")")
+	go watchdog(ctx, d, log)
 	rec.Emit(audit.Record{Event: audit.EventAgentStart, Severity: audit.SeverityNotice, PolicyMode: policyMode(cfg),
 		Message: fmt.Sprintf("gpufence agent %s started (filter mode %s, %s)", version.Version, mode, cfg.Enforcement)})
 	runErr := d.Run(ctx)
+	notify(log, "STOPPING=1")
 	serveErr := <-errc
-	os.Remove(cfg.Socket)
+	if !activated {
+		os.Remove(cfg.Socket)
+	}
 	log.Info("gpufence agent stopped")
 	stopMsg := "gpufence agent stopped; the device filter is detached (no pin_dir)"
 	if cfg.PinDir != "" {

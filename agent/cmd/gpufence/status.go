@@ -1,0 +1,755 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/agent/policy"
+	"github.com/gpufence/gpufence/agent/version"
+	"github.com/gpufence/gpufence/bpf/devfilter"
+)
+
+// runStatus is `gpufence status`: what the agent's socket, the pinned
+// device filter and the saved state say, read directly (the agent is not
+// asked, so it works while the agent is down), cross-checked. Exit status:
+// 0 consistent, 1 something is off (see the problems), 2 usage error.
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gpufence status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", config.DefaultPath, "configuration file (YAML); missing is fine at the default path")
+	asJSON := fs.Bool("json", false, "print one JSON object instead of the sections")
+	socket := fs.String("socket", "", "agent socket (default: the configuration's)")
+	pinDir := fs.String("pin-dir", "", "bpffs folder of the pinned filter (default: the configuration's)")
+	stateFile := fs.String("state-file", "", "agent state file (default: the configuration's)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: gpufence status [--config FILE] [--json]\n\n"+
+			"Shows the agent socket, the pinned device filter (mode, link, policy entries, counters) and the\n"+
+			"jobs and steps of the agent's state file, and cross-checks them. It reads the pins and files\n"+
+			"directly (run it as root) and works while the agent is down.\n"+
+			"Exit status: 0 consistent, 1 something is off (listed under Problems), 2 usage error.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gpufence status: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	explicit := false
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "config":
+			explicit = true
+		}
+	})
+	cfg, err := config.Load(*cfgPath, explicit)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpufence status: %v\n", err)
+		return 2
+	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "socket":
+			cfg.Socket = *socket
+		case "pin-dir":
+			cfg.PinDir = *pinDir
+		case "state-file":
+			cfg.StateFile = *stateFile
+		}
+	})
+	r := buildStatus(gatherStatus(cfg))
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(r); err != nil {
+			fmt.Fprintf(stderr, "gpufence status: %v\n", err)
+			return 1
+		}
+	} else {
+		writeStatus(stdout, r)
+	}
+	if !r.OK {
+		return 1
+	}
+	return 0
+}
+
+// statusInput is everything status reads from the system; buildStatus is a
+// pure function of it.
+type statusInput struct {
+	Version string
+	Agent   agentReport
+	// PinDir is the configured pin_dir; "" means nothing is pinned and the
+	// kernel view cannot be read from outside the agent.
+	PinDir    string
+	Kernel    *devfilter.PinnedView
+	KernelErr error
+	// CgroupAlive says, for kernel entries, whether their cgroup exists
+	// (missing: unknown).
+	CgroupAlive map[uint64]bool
+	// Scope is the slurmstepd scope directory found, "" if none.
+	Scope string
+	// Exempt names the exempt cgroups of the scope by their current id.
+	Exempt map[uint64]string
+	// ExemptNames are the configured exempt cgroups (for the missing-entry
+	// check).
+	StateFile   string
+	State       *stateFileV1 // nil when missing or unreadable
+	StateExists bool
+	StateErr    error
+	// CgroupIDs are the current ids of the step cgroup paths; 0 when the
+	// directory is gone.
+	CgroupIDs map[string]uint64
+	UserName  func(uid uint32) string
+}
+
+// stateFileV1 is the agent's state file (agent/daemon/persist.go,
+// savedState), version 1.
+type stateFileV1 struct {
+	Version int `json:"version"`
+	Scope   string
+	Jobs    []struct {
+		ID       uint32 `json:"id"`
+		UID      uint32 `json:"uid"`
+		GPUs     []int  `json:"gpus"`
+		Broken   string `json:"broken,omitempty"`
+		NoProlog bool   `json:"no_prolog,omitempty"`
+		Steps    []struct {
+			ID       uint32 `json:"id"`
+			UID      uint32 `json:"uid"`
+			CgroupID uint64 `json:"cgroup_id"`
+			Cgroup   string `json:"cgroup"`
+			GPUs     []int  `json:"gpus"`
+		} `json:"steps,omitempty"`
+	} `json:"jobs"`
+}
+
+const stateFileVersion = 1
+
+// statusReport is what `gpufence status --json` prints.
+type statusReport struct {
+	// Version is the version of this gpufence binary.
+	Version string `json:"version"`
+	// OK is false when Problems is not empty (exit status 1).
+	OK bool `json:"ok"`
+	// Problems are the findings, one sentence each.
+	Problems []string `json:"problems"`
+	Agent    agentReport  `json:"agent"`
+	Filter   filterReport `json:"filter"`
+	State    stateReport  `json:"state"`
+	// Jobs are the jobs of the state file, by id.
+	Jobs []jobReport `json:"jobs"`
+	// OtherEntries are the kernel entries no step of the state owns, by
+	// cgroup id: exempt cgroups (fine) and mismatches (Problem set).
+	OtherEntries []entryReport `json:"other_entries"`
+}
+
+// agentReport is the agent socket.
+type agentReport struct {
+	// Socket is the configured socket path.
+	Socket string `json:"socket"`
+	// SocketExists: a unix socket is at that path.
+	SocketExists bool `json:"socket_exists"`
+	// Listening: a connection was accepted (and closed unused).
+	Listening bool `json:"listening"`
+	// PID is the process holding the socket (SO_PEERCRED), 0 if unknown.
+	PID int `json:"pid,omitempty"`
+	// Error is why the socket is unusable, if it is.
+	Error string `json:"error,omitempty"`
+}
+
+// filterReport is the pinned device filter.
+type filterReport struct {
+	// PinDir is the configured pin_dir ("" means not pinned: not readable
+	// without the agent).
+	PinDir string `json:"pin_dir"`
+	// Pinned: a filter's pins are in PinDir; Pins are their names.
+	Pinned bool     `json:"pinned"`
+	Pins   []string `json:"pins,omitempty"`
+	// Mode is scope or per-cgroup, from the pinned state map; ScopeCgroupID
+	// the scope's cgroup id (scope mode); LayoutVersion the pin layout.
+	Mode          string `json:"mode,omitempty"`
+	ScopeCgroupID uint64 `json:"scope_cgroup_id,omitempty"`
+	LayoutVersion uint32 `json:"layout_version,omitempty"`
+	// Scope is the slurmstepd scope directory found on this node.
+	Scope string `json:"scope,omitempty"`
+	// Enforcement is enforce or audit-only, from the pinned config map;
+	// NvidiaMajor the major it narrows.
+	Enforcement string `json:"enforcement,omitempty"`
+	NvidiaMajor uint32 `json:"nvidia_major,omitempty"`
+	// Link is the scope link (scope mode).
+	Link *linkReport `json:"link,omitempty"`
+	// PolicyEntries is the number of kernel policy entries: the policies
+	// map (scope mode) or the cgroup_<id> link pins (per-cgroup mode).
+	PolicyEntries int `json:"policy_entries"`
+	// Lost is the sum of the per-CPU lost counter (events dropped, ring
+	// buffer full); RateFull the sum of rate_full (events reported without
+	// rate limit, rate map full); RateEntries the rate map's entry count.
+	Lost        uint64 `json:"lost"`
+	RateFull    uint64 `json:"rate_full"`
+	RateEntries int    `json:"rate_entries"`
+	// Errors are what could not be read.
+	Errors []string `json:"errors,omitempty"`
+}
+
+// linkReport is a pinned bpf_link.
+type linkReport struct {
+	ID          uint32 `json:"id"`
+	ProgramID   uint32 `json:"program_id"`
+	ProgramName string `json:"program_name,omitempty"`
+	// CgroupID is the cgroup it is attached to; 0 when that cgroup is gone.
+	CgroupID uint64 `json:"cgroup_id"`
+}
+
+// stateReport is the state file.
+type stateReport struct {
+	File   string `json:"file"`
+	Exists bool   `json:"exists"`
+	Scope  string `json:"scope,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// jobReport is one job of the state file.
+type jobReport struct {
+	ID  uint32 `json:"id"`
+	UID uint32 `json:"uid"`
+	// User is the uid's name, "" if unknown.
+	User string `json:"user,omitempty"`
+	// GPUs are the job's trusted GPUs (indexes of gres.conf).
+	GPUs     []int  `json:"gpus"`
+	NoProlog bool   `json:"no_prolog,omitempty"`
+	Broken   string `json:"broken,omitempty"`
+	Steps    []stepReport `json:"steps"`
+}
+
+// stepReport is one step of a job.
+type stepReport struct {
+	ID uint32 `json:"id"`
+	// Name is the step id as Slurm writes it: 0, 1, batch, extern, ...
+	Name     string `json:"name"`
+	UID      uint32 `json:"uid"`
+	GPUs     []int  `json:"gpus"`
+	CgroupID uint64 `json:"cgroup_id"`
+	Cgroup   string `json:"cgroup"`
+	// CgroupExists: the directory exists with the id of the state.
+	CgroupExists bool `json:"cgroup_exists"`
+	// CgroupRecreated: the directory exists with another id.
+	CgroupRecreated bool `json:"cgroup_recreated,omitempty"`
+	// Kernel is the kernel's entry for the step's cgroup id: null when the
+	// kernel view is unavailable, present=false when there is none.
+	Kernel *kernelEntry `json:"kernel"`
+	// Problems are this step's mismatches (also in the top-level list).
+	Problems []string `json:"problems,omitempty"`
+}
+
+// kernelEntry is what the kernel holds for one cgroup.
+type kernelEntry struct {
+	Present   bool     `json:"present"`
+	AllowAll  bool     `json:"allow_all,omitempty"`
+	GPUMinors []uint32 `json:"gpu_minors,omitempty"`
+	// LinkID is the per-cgroup link (per-cgroup mode).
+	LinkID uint32 `json:"link_id,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// entryReport is a kernel entry that no step of the state owns.
+type entryReport struct {
+	CgroupID uint64 `json:"cgroup_id"`
+	kernelEntry
+	// CgroupExists: whether a cgroup with that id exists (null: unknown).
+	CgroupExists *bool `json:"cgroup_exists"`
+	// Exempt names the exempt scope child (system, slurmd) it belongs to.
+	Exempt string `json:"exempt,omitempty"`
+	// Problem is set when the entry is a mismatch.
+	Problem string `json:"problem,omitempty"`
+}
+
+func buildStatus(in statusInput) statusReport {
+	r := statusReport{Version: in.Version, Agent: in.Agent, Problems: []string{}, Jobs: []jobReport{}, OtherEntries: []entryReport{}}
+	problem := func(format string, args ...any) string {
+		s := fmt.Sprintf(format, args...)
+		r.Problems = append(r.Problems, s)
+		return s
+	}
+
+	switch a := in.Agent; {
+	case !a.SocketExists:
+		problem("agent: no socket at %s: the agent is not running", a.Socket)
+	case !a.Listening:
+		problem("agent: socket %s does not accept connections: %s", a.Socket, a.Error)
+	}
+
+	// The kernel view.
+	f := filterReport{PinDir: in.PinDir, Scope: in.Scope}
+	kv := in.Kernel
+	kernelKnown := false
+	switch {
+	case in.PinDir == "":
+		// Nothing pinned by design; the entries live in the agent only.
+	case in.KernelErr != nil:
+		problem("filter: %v", in.KernelErr)
+	case kv != nil:
+		kernelKnown = true
+		f.Pinned = len(kv.Pins) > 0
+		f.Pins = kv.Pins
+		f.Mode, f.ScopeCgroupID, f.LayoutVersion = string(kv.Mode), kv.ScopeID, kv.Version
+		if c := kv.Config; c != nil {
+			f.Enforcement, f.NvidiaMajor = config.EnforcementEnforce, c.NvidiaMajor
+			if c.AuditOnly {
+				f.Enforcement = config.EnforcementAuditOnly
+			}
+		}
+		if l := kv.Link; l != nil {
+			f.Link = &linkReport{ID: l.ID, ProgramID: l.ProgramID, ProgramName: l.ProgramName, CgroupID: l.CgroupID}
+		}
+		f.PolicyEntries = len(kv.Entries)
+		f.Lost, f.RateFull, f.RateEntries = kv.Lost, kv.RateFull, kv.RateEntries
+		f.Errors = kv.Errors
+		for _, e := range kv.Errors {
+			problem("filter: cannot read %s", e)
+		}
+		if kv.Mode == devfilter.ModeScope {
+			switch {
+			case kv.Link == nil:
+				problem("filter: no scope link pinned in %s: the filter is not attached to Slurm's scope", in.PinDir)
+			case kv.Link.CgroupID == 0:
+				problem("filter: the scope link %d is defunct: its cgroup (%d) is gone", kv.Link.ID, kv.ScopeID)
+			case kv.Link.CgroupID != kv.ScopeID:
+				problem("filter: the scope link %d is on cgroup %d, the pinned state says the scope is %d", kv.Link.ID, kv.Link.CgroupID, kv.ScopeID)
+			}
+		}
+	}
+	r.Filter = f
+
+	// The state file.
+	r.State = stateReport{File: in.StateFile, Exists: in.StateExists}
+	if in.StateErr != nil {
+		r.State.Error = in.StateErr.Error()
+		problem("state: %v", in.StateErr)
+	}
+	owned := map[uint64]bool{}
+	if st := in.State; st != nil {
+		r.State.Scope = st.Scope
+		for _, sj := range st.Jobs {
+			j := jobReport{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, NoProlog: sj.NoProlog, Broken: sj.Broken, Steps: []stepReport{}}
+			if j.GPUs == nil {
+				j.GPUs = []int{}
+			}
+			if in.UserName != nil {
+				j.User = in.UserName(sj.UID)
+			}
+			for _, ss := range sj.Steps {
+				s := stepReport{ID: ss.ID, Name: policy.StepName(ss.ID), UID: ss.UID, GPUs: ss.GPUs, CgroupID: ss.CgroupID, Cgroup: ss.Cgroup}
+				if s.GPUs == nil {
+					s.GPUs = []int{}
+				}
+				owned[ss.CgroupID] = true
+				where := fmt.Sprintf("job %d step %s", sj.ID, s.Name)
+				switch id := in.CgroupIDs[ss.Cgroup]; {
+				case id == ss.CgroupID:
+					s.CgroupExists = true
+				case id == 0:
+					s.Problems = append(s.Problems, problem("%s: its cgroup %s is gone but the state still has the step (the agent releases it at its next reconcile)", where, ss.Cgroup))
+				default:
+					s.CgroupRecreated = true
+					s.Problems = append(s.Problems, problem("%s: its cgroup %s was recreated (id %d, the state has %d)", where, ss.Cgroup, id, ss.CgroupID))
+				}
+				if kernelKnown {
+					e, ok := kv.Entries[ss.CgroupID]
+					k := toKernelEntry(e, ok)
+					s.Kernel = &k
+					switch {
+					case !ok:
+						s.Problems = append(s.Problems, problem("%s: the state has the step but the kernel has no entry for its cgroup %d", where, ss.CgroupID))
+					case e.PolicyErr != "":
+						s.Problems = append(s.Problems, problem("%s: the kernel entry of cgroup %d is unreadable: %s", where, ss.CgroupID, e.PolicyErr))
+					case e.Policy.AllowAll:
+						s.Problems = append(s.Problems, problem("%s: the kernel allows every GPU to cgroup %d", where, ss.CgroupID))
+					case len(e.Policy.GPUMinors) != len(ss.GPUs):
+						s.Problems = append(s.Problems, problem("%s: the kernel allows %d GPU(s) to cgroup %d, the state %d", where, len(e.Policy.GPUMinors), ss.CgroupID, len(ss.GPUs)))
+					}
+				}
+				j.Steps = append(j.Steps, s)
+			}
+			slices.SortFunc(j.Steps, func(a, b stepReport) int { return cmpU32(a.ID, b.ID) })
+			r.Jobs = append(r.Jobs, j)
+		}
+		slices.SortFunc(r.Jobs, func(a, b jobReport) int { return cmpU32(a.ID, b.ID) })
+	}
+
+	// Kernel entries no step owns.
+	if kernelKnown {
+		ids := make([]uint64, 0, len(kv.Entries))
+		for id := range kv.Entries {
+			if !owned[id] {
+				ids = append(ids, id)
+			}
+		}
+		slices.Sort(ids)
+		for _, id := range ids {
+			e := entryReport{CgroupID: id, kernelEntry: toKernelEntry(kv.Entries[id], true), Exempt: in.Exempt[id]}
+			if alive, ok := in.CgroupAlive[id]; ok {
+				e.CgroupExists = &alive
+			}
+			switch {
+			case e.CgroupExists != nil && !*e.CgroupExists:
+				e.Problem = problem("kernel entry for cgroup %d, which no longer exists (stale; the agent removes it when it starts)", id)
+			case e.Exempt != "" && e.AllowAll:
+				// Slurm's own cgroup, kept open by design.
+			case e.Exempt != "":
+				e.Problem = problem("kernel entry for the exempt cgroup %s (%d) does not allow every GPU", e.Exempt, id)
+			default:
+				e.Problem = problem("kernel entry for cgroup %d with no step in the state", id)
+			}
+			r.OtherEntries = append(r.OtherEntries, e)
+		}
+		if kv.Mode == devfilter.ModeScope {
+			var missing []string
+			for id, name := range in.Exempt {
+				if _, ok := kv.Entries[id]; !ok {
+					missing = append(missing, name)
+				}
+			}
+			slices.Sort(missing)
+			for _, name := range missing {
+				problem("the exempt cgroup %s has no kernel entry: Slurm's processes in it are denied every GPU", filepath.Join(in.Scope, name))
+			}
+		}
+	}
+	r.OK = len(r.Problems) == 0
+	return r
+}
+
+func toKernelEntry(e devfilter.PinnedEntry, ok bool) kernelEntry {
+	k := kernelEntry{Present: ok}
+	if !ok {
+		return k
+	}
+	k.AllowAll, k.GPUMinors, k.Error = e.Policy.AllowAll, e.Policy.GPUMinors, e.PolicyErr
+	if e.Link != nil {
+		k.LinkID = e.Link.ID
+	}
+	return k
+}
+
+func cmpU32(a, b uint32) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// writeStatus prints the report as short aligned sections.
+func writeStatus(w io.Writer, r statusReport) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	flush := func() { tw.Flush() }
+	fmt.Fprintf(tw, "gpufence %s status\n\n", r.Version)
+
+	fmt.Fprintf(tw, "Agent\n")
+	a := r.Agent
+	state := "down: no socket"
+	switch {
+	case a.Listening && a.PID != 0:
+		state = fmt.Sprintf("up (pid %d)", a.PID)
+	case a.Listening:
+		state = "up"
+	case a.SocketExists:
+		state = "down: socket refuses connections"
+	}
+	fmt.Fprintf(tw, "  socket\t%s\t%s\n", a.Socket, state)
+	flush()
+
+	fmt.Fprintf(tw, "\nFilter\n")
+	f := r.Filter
+	switch {
+	case f.PinDir == "":
+		fmt.Fprintf(tw, "  pin dir\t(none: pin_dir is empty, the kernel view is only in the agent)\n")
+	case !f.Pinned:
+		fmt.Fprintf(tw, "  pin dir\t%s\tnothing pinned\n", f.PinDir)
+	default:
+		fmt.Fprintf(tw, "  pin dir\t%s\t%d pins\n", f.PinDir, len(f.Pins))
+		mode := f.Mode
+		if f.ScopeCgroupID != 0 {
+			mode += fmt.Sprintf(" (scope cgroup %d)", f.ScopeCgroupID)
+		}
+		fmt.Fprintf(tw, "  mode\t%s\n", mode)
+		if f.Scope != "" {
+			fmt.Fprintf(tw, "  scope\t%s\n", f.Scope)
+		}
+		if f.Enforcement != "" {
+			fmt.Fprintf(tw, "  enforcement\t%s (NVIDIA major %d)\n", f.Enforcement, f.NvidiaMajor)
+		}
+		if l := f.Link; l != nil {
+			fmt.Fprintf(tw, "  link\tid %d, prog %d %s, cgroup %d\n", l.ID, l.ProgramID, l.ProgramName, l.CgroupID)
+		} else if f.Mode == string(devfilter.ModeScope) {
+			fmt.Fprintf(tw, "  link\tnone\n")
+		}
+		fmt.Fprintf(tw, "  entries\t%d\n", f.PolicyEntries)
+		fmt.Fprintf(tw, "  counters\tlost %d, rate_full %d, rate entries %d\n", f.Lost, f.RateFull, f.RateEntries)
+	}
+	flush()
+
+	fmt.Fprintf(tw, "\nState\n")
+	s := r.State
+	switch {
+	case s.File == "":
+		fmt.Fprintf(tw, "  file\t(none: state_file is empty)\n")
+	case s.Error != "":
+		fmt.Fprintf(tw, "  file\t%s\tunreadable\n", s.File)
+	case !s.Exists:
+		fmt.Fprintf(tw, "  file\t%s\tmissing (no job recorded)\n", s.File)
+	default:
+		steps := 0
+		for _, j := range r.Jobs {
+			steps += len(j.Steps)
+		}
+		fmt.Fprintf(tw, "  file\t%s\t%d job(s), %d step(s)\n", s.File, len(r.Jobs), steps)
+	}
+	flush()
+
+	if len(r.Jobs) > 0 {
+		fmt.Fprintf(tw, "\nJobs\n")
+		fmt.Fprintf(tw, "  JOB\tSTEP\tUSER\tGPUS\tCGROUP\tKERNEL\tNOTE\n")
+		for _, j := range r.Jobs {
+			var flags []string
+			if j.NoProlog {
+				flags = append(flags, "no prolog")
+			}
+			if j.Broken != "" {
+				flags = append(flags, "broken: "+j.Broken)
+			}
+			fmt.Fprintf(tw, "  %d\t\t%s\t%s\t\t\t%s\n", j.ID, userLabel(j.UID, j.User), gpuList(j.GPUs), strings.Join(flags, "; "))
+			for _, st := range j.Steps {
+				cg := "ok"
+				switch {
+				case st.CgroupRecreated:
+					cg = "recreated"
+				case !st.CgroupExists:
+					cg = "gone"
+				}
+				note := ""
+				if len(st.Problems) > 0 {
+					note = "MISMATCH"
+				}
+				fmt.Fprintf(tw, "  \t%s\t\t%s\t%s %s\t%s\t%s\n", st.Name, gpuList(st.GPUs), cg, st.Cgroup, kernelLabel(st.Kernel), note)
+			}
+		}
+		flush()
+	}
+
+	if len(r.OtherEntries) > 0 {
+		fmt.Fprintf(tw, "\nKernel entries without a step\n")
+		fmt.Fprintf(tw, "  CGROUP ID\tCGROUP\tKERNEL\tNOTE\n")
+		for _, e := range r.OtherEntries {
+			exists := "?"
+			if e.CgroupExists != nil {
+				exists = map[bool]string{true: "exists", false: "gone"}[*e.CgroupExists]
+			}
+			note := "MISMATCH"
+			if e.Problem == "" {
+				note = "exempt (" + e.Exempt + ")"
+			}
+			k := e.kernelEntry
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", e.CgroupID, exists, kernelLabel(&k), note)
+		}
+		flush()
+	}
+
+	if len(r.Problems) == 0 {
+		fmt.Fprintf(tw, "\nConsistent: no problem found.\n")
+	} else {
+		fmt.Fprintf(tw, "\nProblems (%d)\n", len(r.Problems))
+		for _, p := range r.Problems {
+			fmt.Fprintf(tw, "  - %s\n", p)
+		}
+	}
+	flush()
+}
+
+func userLabel(uid uint32, name string) string {
+	if name == "" {
+		return strconv.FormatUint(uint64(uid), 10)
+	}
+	return fmt.Sprintf("%s(%d)", name, uid)
+}
+
+func gpuList(g []int) string {
+	if len(g) == 0 {
+		return "-"
+	}
+	return policy.FormatGPUList(g)
+}
+
+func kernelLabel(k *kernelEntry) string {
+	switch {
+	case k == nil:
+		return "?"
+	case !k.Present:
+		return "no entry"
+	case k.Error != "":
+		return "unreadable"
+	case k.AllowAll:
+		return "all GPUs"
+	case len(k.GPUMinors) == 0:
+		return "no GPU"
+	}
+	parts := make([]string, len(k.GPUMinors))
+	for i, m := range k.GPUMinors {
+		parts[i] = strconv.FormatUint(uint64(m), 10)
+	}
+	return "minors " + strings.Join(parts, ",")
+}
+
+// gatherStatus reads what buildStatus needs from this node.
+func gatherStatus(cfg config.Config) statusInput {
+	in := statusInput{
+		Version: version.Version, PinDir: cfg.PinDir, StateFile: cfg.StateFile,
+		Agent:       probeAgent(cfg.Socket),
+		CgroupAlive: map[uint64]bool{}, CgroupIDs: map[string]uint64{}, Exempt: map[uint64]string{},
+		UserName: func(uid uint32) string {
+			u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+			if err != nil {
+				return ""
+			}
+			return u.Username
+		},
+	}
+	in.State, in.StateExists, in.StateErr = readStateFile(cfg.StateFile)
+	if in.State != nil {
+		for _, j := range in.State.Jobs {
+			for _, s := range j.Steps {
+				var st unix.Stat_t
+				if err := unix.Stat(s.Cgroup, &st); err == nil {
+					in.CgroupIDs[s.Cgroup] = st.Ino
+				}
+			}
+		}
+	}
+	if cfg.PinDir != "" {
+		in.Kernel, in.KernelErr = devfilter.InspectPins(cfg.PinDir)
+		if in.KernelErr == nil {
+			for id := range in.Kernel.Entries {
+				if alive, err := devfilter.CgroupExists(id); err == nil {
+					in.CgroupAlive[id] = alive
+				}
+			}
+		}
+	}
+	// The scope: the one the pinned state names, else the state file's or
+	// the configured one.
+	var candidates []string
+	if in.State != nil && in.State.Scope != "" {
+		candidates = append(candidates, in.State.Scope)
+	}
+	if cfg.Scope != "" {
+		candidates = append(candidates, cfg.Scope)
+	}
+	if mnt, err := jobcgroup.Mountpoint(); err == nil {
+		m, _ := filepath.Glob(filepath.Join(mnt, "system.slice", "*slurmstepd.scope"))
+		candidates = append(candidates, m...)
+	}
+	for _, c := range candidates {
+		id, err := jobcgroup.ID(c)
+		if err != nil {
+			continue
+		}
+		if in.Kernel != nil && in.Kernel.ScopeID != 0 {
+			if id == in.Kernel.ScopeID {
+				in.Scope = c
+				break
+			}
+			continue
+		}
+		in.Scope = c
+		break
+	}
+	if in.Scope != "" && in.Kernel != nil && in.Kernel.Mode == devfilter.ModeScope {
+		for _, name := range cfg.ExemptCgroups {
+			if id, err := jobcgroup.ID(filepath.Join(in.Scope, name)); err == nil {
+				in.Exempt[id] = name
+			}
+		}
+	}
+	return in
+}
+
+// readStateFile reads the agent's state file; a missing one is no error.
+func readStateFile(path string) (*stateFileV1, bool, error) {
+	if path == "" {
+		return nil, false, nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, true, err
+	}
+	var st stateFileV1
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, true, fmt.Errorf("%s: %w", path, err)
+	}
+	if st.Version != stateFileVersion {
+		return nil, true, fmt.Errorf("%s: state version %d, this gpufence reads %d", path, st.Version, stateFileVersion)
+	}
+	return &st, true, nil
+}
+
+// probeAgent checks the socket by connecting and closing at once (the agent
+// reads EOF and drops the connection), and asks the kernel for the pid of
+// the listener (SO_PEERCRED).
+func probeAgent(path string) agentReport {
+	a := agentReport{Socket: path}
+	fi, err := os.Stat(path)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			a.Error = err.Error()
+		}
+		return a
+	}
+	if fi.Mode().Type() != os.ModeSocket {
+		a.Error = "not a socket"
+		return a
+	}
+	a.SocketExists = true
+	c, err := net.DialTimeout("unix", path, 2*time.Second)
+	if err != nil {
+		a.Error = err.Error()
+		return a
+	}
+	defer c.Close()
+	a.Listening = true
+	if uc, ok := c.(*net.UnixConn); ok {
+		if raw, err := uc.SyscallConn(); err == nil {
+			raw.Control(func(fd uintptr) {
+				if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+					a.PID = int(cred.Pid)
+				}
+			})
+		}
+	}
+	return a
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/daemon"
+	"github.com/gpufence/gpufence/agent/server"
+)
+
+// listen returns the socket handed over by systemd (socket activation:
+// step launches during an agent restart queue in the socket's backlog
+// instead of failing), or creates cfg.Socket itself.
+func listen(cfg config.Config, log *slog.Logger) (ln *net.UnixListener, activated bool, err error) {
+	lns, err := activation.Listeners()
+	if err != nil {
+		return nil, false, fmt.Errorf("socket activation: %w", err)
+	}
+	switch len(lns) {
+	case 0:
+		ln, err := server.Listen(cfg.Socket)
+		return ln, false, err
+	case 1:
+		uln, ok := lns[0].(*net.UnixListener)
+		if !ok {
+			lns[0].Close()
+			return nil, false, fmt.Errorf("socket activation: got a %s listener, want a unix stream socket", lns[0].Addr().Network())
+		}
+		addr := uln.Addr().String()
+		if fi, err := os.Stat(addr); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			// SO_PEERCRED still refuses non-root peers; say it anyway.
+			log.Warn("activated socket is accessible to other users; set SocketMode=0600", "socket", addr, "mode", fi.Mode().Perm())
+		}
+		if addr != cfg.Socket {
+			log.Warn("activated socket differs from the configured one; the plugin's socket= must name it", "activated", addr, "configured", cfg.Socket)
+		}
+		uln.SetUnlinkOnClose(false) // systemd owns the socket file
+		return uln, true, nil
+	default:
+		for _, l := range lns {
+			l.Close()
+		}
+		return nil, false, fmt.Errorf("socket activation: got %d sockets, want one", len(lns))
+	}
+}
+
+// notify tells systemd (Type=notify) about the agent's state; without
+// NOTIFY_SOCKET it does nothing.
+func notify(log *slog.Logger, state string) {
+	if _, err := sddaemon.SdNotify(false, state); err != nil {
+		log.Warn("sd_notify", "state", state, "err", err)
+	}
+}
+
+// watchdog pings systemd's watchdog while the daemon's state can be
+// locked, so a wedged agent stops pinging and is restarted.
+func watchdog(ctx context.Context, d *daemon.Daemon, log *slog.Logger) {
+	interval, err := sddaemon.SdWatchdogEnabled(false)
+	if err != nil || interval <= 0 {
+		return
+	}
+	t := time.NewTicker(interval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.Healthy()
+			notify(log, sddaemon.SdNotifyWatchdog)
+		}
+	}
+}
