@@ -438,6 +438,40 @@ func (c *Cluster) startSlurmctld() error {
 	return nil
 }
 
+// RestartSlurmdBusy restarts slurmd while jobs run (their slurmstepds keep
+// running) and waits until it answers and the node is up again.
+func (c *Cluster) RestartSlurmdBusy() error {
+	if err := c.st.Slurmd.Stop(); err != nil {
+		return fmt.Errorf("stop slurmd: %w", err)
+	}
+	env := c.baseEnv()
+	if c.st.Hybrid {
+		env = append(env, "LD_PRELOAD="+c.shimPath())
+	}
+	p, err := startProcess("slurmd", c.path("logs/slurmd.out"), env, nil, c.st.Root,
+		"/usr/sbin/slurmd", "-D", "-f", c.path("etc/slurm.conf"))
+	if err != nil {
+		return err
+	}
+	c.st.Slurmd = p
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		if r := c.Run(ctx, "", "scontrol", "show", "slurmd"); r.Code == 0 {
+			st := c.Run(ctx, "", "sinfo", "-h", "-N", "-n", c.st.Host, "-o", "%t")
+			switch strings.TrimSpace(st.Stdout) {
+			case "idle", "mix", "alloc":
+				return c.saveState()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("slurmd not back after a restart: %w\n%s", ctx.Err(), c.diag())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 func (c *Cluster) startSlurmd(ctx context.Context) error {
 	env := c.baseEnv()
 	if c.st.Hybrid {

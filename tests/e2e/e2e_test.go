@@ -770,6 +770,59 @@ func TestPrivilegedAgentKilled(t *testing.T) {
 	}
 }
 
+// TestPrivilegedSlurmdRestart: slurmd restarted while a job runs: the job's
+// isolation holds throughout, and its later steps are still registered.
+func TestPrivilegedSlurmdRestart(t *testing.T) {
+	st := get(t)
+	work := filepath.Join(st.c.Root(), "work")
+	marker := filepath.Join(work, fmt.Sprintf("slurmd-restarted-%d", time.Now().UnixNano()))
+	out := filepath.Join(work, "sdrestart.$SLURM_JOB_ID")
+	script := fmt.Sprintf("%s -loop 800 -sleep 5ms %s > %s.probe\nwhile [ ! -e %s ]; do sleep 0.1; done\nsrun --gres=gpu:1 %s -env %s > %s.step\n",
+		st.open, strings.Join(st.c.DevPaths(), " "), out, marker, st.open, strings.Join(st.paths(), " "), out)
+	f := filepath.Join(work, fmt.Sprintf("sdrestart-%d.sh", time.Now().UnixNano()))
+	if err := os.WriteFile(f, []byte("#!/bin/sh\n"+script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := st.c.Run(st.ctx, user, "sbatch", "--parsable", "--gres=gpu:1", "-o", filepath.Join(work, "sdrestart-%j.out"), f)
+	mustOK(t, r)
+	id := strings.TrimSpace(r.Stdout)
+	probe := strings.ReplaceAll(out, "$SLURM_JOB_ID", id) + ".probe"
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, _ := os.ReadFile(probe); len(b) > 1000 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := st.c.RestartSlurmdBusy(); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(marker, nil, 0o644)
+	state, err := st.c.WaitJob(st.ctx, id)
+	log, _ := os.ReadFile(filepath.Join(work, "sdrestart-"+id+".out"))
+	if err != nil || state != "COMPLETED" {
+		t.Fatalf("job %s across a slurmd restart: %q %v\n%s", id, state, err, log)
+	}
+	step := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".step")
+	own := gpusOf(t, step, "SLURM_STEP_GPUS")
+	st.expectGPUs(t, step, own)
+	b, _ := os.ReadFile(probe)
+	tally := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		tally[l]++
+	}
+	for i, p := range st.c.DevPaths() {
+		want := "EPERM"
+		if slices.Contains(own, i) {
+			want = "ENXIO"
+		}
+		if tally[p+" "+want] != 800 {
+			t.Errorf("GPU %d across the slurmd restart: %v, want 800 %s", i, tally, want)
+		}
+	}
+	st.waitIdle(t)
+}
+
 func tailLines(s string, n int) string {
 	l := strings.Split(strings.TrimSpace(s), "\n")
 	if len(l) > n {
