@@ -71,11 +71,43 @@ func stepEnd(socket string, timeout time.Duration, jobID, stepID uint32) error {
 	return err
 }
 
+// retryPause separates the two tries of one exchange: long enough for an
+// agent that is restarting to be listening again, short against timeout.
+const retryPause = 200 * time.Millisecond
+
+// call sends req, and when the agent could not be reached or did not answer
+// in time sends it once more after retryPause; a refusal is the agent's
+// decision and is not asked twice. One call waits at most 2×timeout in all:
+// the second try gets what is left of that. Sending a request twice is safe
+// because the agent treats a repeated request as the same one (init and
+// task_post_fork already both send StepStart).
 func call(socket string, timeout time.Duration, req *pb.Request) (*pb.Response, error) {
 	if socket == "" || timeout <= 0 {
 		return nil, fmt.Errorf("%w: socket %q, timeout %v", errInvalid, socket, timeout)
 	}
 	req.Version = pb.ProtocolVersion_PROTOCOL_VERSION_1
+	deadline := time.Now().Add(2 * timeout)
+	resp, err := try(socket, timeout, req)
+	var u *unreachable
+	if !errors.As(err, &u) {
+		return resp, err
+	}
+	time.Sleep(retryPause)
+	left := min(timeout, time.Until(deadline))
+	if left <= 0 {
+		return nil, err
+	}
+	resp, err2 := try(socket, left, req)
+	if errors.As(err2, &u) {
+		// Keep the configured timeout in the text: the first try waited
+		// all of it.
+		u.timeout = timeout
+	}
+	return resp, err2
+}
+
+// try is one exchange with the agent.
+func try(socket string, timeout time.Duration, req *pb.Request) (*pb.Response, error) {
 	resp, err := agentclient.Call(socket, req, timeout)
 	if errors.Is(err, agentclient.ErrAgent) && resp != nil {
 		return nil, &refusal{text: resp.GetError()}

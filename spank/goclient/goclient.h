@@ -17,7 +17,7 @@
 
 /* Bumped whenever a type below changes; the C side refuses a library that
  * reports another value. */
-#define GPUFENCE_GO_ABI 1
+#define GPUFENCE_GO_ABI 2
 
 /* Return codes. */
 #define GPUFENCE_OK 0
@@ -58,5 +58,15 @@ typedef int (*gpufence_step_start_fn)(char *socket, int timeout_ms,
 typedef int (*gpufence_step_end_fn)(char *socket, int timeout_ms,
 				    uint32_t job_id, uint32_t step_id,
 				    char *err, int errlen);
+
+/*
+ * Appends one line for a step that failure=open lets run without GPU
+ * isolation to the spool file at spool (format: spool.go); step_id is the
+ * step's name (0, batch, extern, interactive) and reason why the agent was
+ * unreachable. Any failure returns GPUFENCE_E_INVALID with err filled.
+ */
+typedef int (*gpufence_spool_failopen_fn)(char *spool, uint32_t job_id,
+					  char *step_id, uint32_t uid,
+					  char *reason, char *err, int errlen);
 
 #endif

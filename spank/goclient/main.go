@@ -88,6 +88,13 @@ func gpufence_step_end(socket *C.char, timeoutMS C.int, jobID, stepID C.uint32_t
 	return finish(err, errBuf, errLen)
 }
 
+//export gpufence_spool_failopen
+func gpufence_spool_failopen(spool *C.char, jobID C.uint32_t, stepID *C.char, uid C.uint32_t,
+	reason *C.char, errBuf *C.char, errLen C.int) C.int {
+	rec := newFailOpen(uint32(jobID), C.GoString(stepID), uint32(uid), C.GoString(reason))
+	return finish(appendFailOpen(C.GoString(spool), rec), errBuf, errLen)
+}
+
 // finish writes err's text into the caller's buffer and returns its code.
 func finish(err error, errBuf *C.char, errLen C.int) C.int {
 	code, text := outcome(err)

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KNOWN "(known: socket, timeout, golib)"
+#define KNOWN "(known: socket, timeout, golib, failure, spool)"
 
 static int set_path(char *dst, size_t size, const char *key, const char *val,
 		    char *err, size_t errlen)
@@ -47,6 +47,18 @@ static int set_timeout(int *dst, const char *val, char *err, size_t errlen)
 	return 0;
 }
 
+static int set_failure(int *dst, const char *val, char *err, size_t errlen)
+{
+	if (!strcmp(val, "closed") || !strcmp(val, "open")) {
+		*dst = val[0] == 'o';
+		return 0;
+	}
+	snprintf(err, errlen,
+		 "option \"failure=%s\" in plugstack.conf: want closed or open",
+		 val);
+	return -1;
+}
+
 /* The directory this plugin was loaded from, for the default golib. */
 static int default_golib(char *dst, size_t size, char *err, size_t errlen)
 {
@@ -67,54 +79,71 @@ static int default_golib(char *dst, size_t size, char *err, size_t errlen)
 	return 0;
 }
 
+enum opt { OPT_SOCKET, OPT_TIMEOUT, OPT_GOLIB, OPT_FAILURE, OPT_SPOOL, NOPTS };
+
+static const char *const opt_names[NOPTS] = {
+	[OPT_SOCKET] = "socket",   [OPT_TIMEOUT] = "timeout",
+	[OPT_GOLIB] = "golib",     [OPT_FAILURE] = "failure",
+	[OPT_SPOOL] = "spool",
+};
+
 int gf_config_parse(int ac, char **av, struct gf_config *cfg, char *err,
 		    size_t errlen)
 {
-	bool seen_socket = false, seen_timeout = false, seen_golib = false;
+	bool seen[NOPTS] = { false };
 
 	memset(cfg, 0, sizeof(*cfg));
 	strcpy(cfg->socket, GF_DEFAULT_SOCKET);
 	cfg->timeout_s = GF_DEFAULT_TIMEOUT_S;
+	strcpy(cfg->spool, GF_DEFAULT_SPOOL);
 
 	for (int i = 0; i < ac; i++) {
 		const char *arg = av[i];
 		const char *eq = strchr(arg, '=');
 		const char *val = eq ? eq + 1 : NULL;
 		size_t klen = eq ? (size_t)(eq - arg) : 0;
-		bool *seen;
-		int rc;
+		int o, rc;
 
-		if (eq && klen == 6 && !strncmp(arg, "socket", klen))
-			seen = &seen_socket;
-		else if (eq && klen == 7 && !strncmp(arg, "timeout", klen))
-			seen = &seen_timeout;
-		else if (eq && klen == 5 && !strncmp(arg, "golib", klen))
-			seen = &seen_golib;
-		else {
+		for (o = 0; o < NOPTS; o++)
+			if (eq && strlen(opt_names[o]) == klen &&
+			    !strncmp(arg, opt_names[o], klen))
+				break;
+		if (o == NOPTS) {
 			snprintf(err, errlen,
 				 "unknown option \"%s\" in plugstack.conf " KNOWN,
 				 arg);
 			return -1;
 		}
-		if (*seen) {
+		if (seen[o]) {
 			snprintf(err, errlen,
 				 "option \"%.*s\" given twice in plugstack.conf",
 				 (int)klen, arg);
 			return -1;
 		}
-		*seen = true;
-		if (seen == &seen_socket)
+		seen[o] = true;
+		switch (o) {
+		case OPT_SOCKET:
 			rc = set_path(cfg->socket, sizeof(cfg->socket),
 				      "socket", val, err, errlen);
-		else if (seen == &seen_timeout)
+			break;
+		case OPT_TIMEOUT:
 			rc = set_timeout(&cfg->timeout_s, val, err, errlen);
-		else
+			break;
+		case OPT_GOLIB:
 			rc = set_path(cfg->golib, sizeof(cfg->golib), "golib",
 				      val, err, errlen);
+			break;
+		case OPT_FAILURE:
+			rc = set_failure(&cfg->fail_open, val, err, errlen);
+			break;
+		default:
+			rc = set_path(cfg->spool, sizeof(cfg->spool), "spool",
+				      val, err, errlen);
+		}
 		if (rc)
 			return rc;
 	}
-	if (!seen_golib)
+	if (!seen[OPT_GOLIB])
 		return default_golib(cfg->golib, sizeof(cfg->golib), err,
 				     errlen);
 	return 0;

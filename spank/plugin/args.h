@@ -8,16 +8,20 @@
 #define GF_DEFAULT_SOCKET "/run/gpufence/agent.sock"
 #define GF_DEFAULT_TIMEOUT_S 10
 #define GF_GOLIB_NAME "spank_gpufence_go.so"
+#define GF_DEFAULT_SPOOL "/var/spool/gpufence/failopen.jsonl"
 
 struct gf_config {
 	char socket[108]; /* sizeof(sockaddr_un.sun_path) */
 	int timeout_s;
 	char golib[PATH_MAX];
+	/* failure=open: a step the agent cannot be reached for runs unfiltered. */
+	int fail_open;
+	char spool[PATH_MAX]; /* where such steps are recorded */
 };
 
 /*
  * Fills cfg from the defaults and then av[0..ac): socket=PATH, timeout=SECONDS,
- * golib=PATH. Returns 0, or -1 with a message for the administrator in err
+ * golib=PATH, failure=closed|open, spool=PATH. Returns 0, or -1 with a message for the administrator in err
  * (naming the bad option) on an unknown key, a repeated key or a bad value.
  * The default golib is spank_gpufence_go.so next to this plugin.
  */

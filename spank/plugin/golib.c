@@ -16,6 +16,7 @@ static struct {
 	gpufence_job_epilog_fn job_epilog;
 	gpufence_step_start_fn step_start;
 	gpufence_step_end_fn step_end;
+	gpufence_spool_failopen_fn spool_failopen;
 } go;
 
 static int load(const char *path, char *err, size_t errlen)
@@ -37,8 +38,10 @@ static int load(const char *path, char *err, size_t errlen)
 	go.job_epilog = (gpufence_job_epilog_fn)dlsym(h, "gpufence_job_epilog");
 	go.step_start = (gpufence_step_start_fn)dlsym(h, "gpufence_step_start");
 	go.step_end = (gpufence_step_end_fn)dlsym(h, "gpufence_step_end");
+	go.spool_failopen = (gpufence_spool_failopen_fn)dlsym(
+		h, "gpufence_spool_failopen");
 	if (!abi || !go.job_prolog || !go.job_epilog || !go.step_start ||
-	    !go.step_end) {
+	    !go.step_end || !go.spool_failopen) {
 		snprintf(err, errlen, "%s: not a gpufence client library", path);
 		return GF_E_LOAD;
 	}
@@ -107,6 +110,18 @@ int gf_go_step_end(const struct gf_config *cfg, uint32_t job_id,
 		return rc;
 	return go.step_end(MUT(cfg->socket), timeout_ms(cfg), job_id, step_id,
 			   err, (int)errlen);
+}
+
+int gf_go_spool_failopen(const struct gf_config *cfg, uint32_t job_id,
+			 const char *step, uint32_t uid, const char *reason,
+			 char *err, size_t errlen)
+{
+	int rc = load(cfg->golib, err, errlen);
+
+	if (rc)
+		return rc;
+	return go.spool_failopen(MUT(cfg->spool), job_id, MUT(step), uid,
+				 MUT(reason), err, (int)errlen);
 }
 
 void gf_describe_failure(const struct gf_config *cfg, int code,

@@ -37,6 +37,14 @@ int gf_go_step_end(const struct gf_config *cfg, uint32_t job_id,
 		   uint32_t step_id, char *err, size_t errlen);
 
 /*
+ * Appends the record of a step failure=open let run without GPU isolation to
+ * cfg->spool; step is its name (0, batch, extern, interactive).
+ */
+int gf_go_spool_failopen(const struct gf_config *cfg, uint32_t job_id,
+			 const char *step, uint32_t uid, const char *reason,
+			 char *err, size_t errlen);
+
+/*
  * Writes a message for users and administrators about a failed call into
  * msg: what failed, at which socket or path, and why.
  */

@@ -33,11 +33,14 @@ static struct {
  * the agent did not confirm exits there with the reason on the task's stderr
  * (srun's, or the batch job's output file) before anything of the user runs.
  * Failing task_post_fork itself would make srun report a launch failure yet
- * exit 0, and a failed batch launch drains the node.
+ * exit 0, and a failed batch launch drains the node. With failure=open, a
+ * step whose agent was unreachable is marked unfiltered instead: its tasks
+ * run, and say so.
  */
 struct gate {
 	int refused;
 	int confirmed;
+	int unfiltered; /* failure=open let the step run without the agent */
 	struct gf_step_result res;
 	char msg[GPUFENCE_ERR_LEN * 3];
 };
@@ -157,6 +160,31 @@ int gf_remote_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/*
+ * failure=open and the agent unreachable: the step runs without the device
+ * filter. A refusal never gets here: it is the agent's decision and always
+ * stops the step. The line reaches slurmd's log here and the user's output
+ * from each task; the spool keeps a record for the audit trail.
+ */
+static void fail_open(uint32_t job_id, const char *step, uint32_t uid,
+		      const char *reason, const char *msg)
+{
+	char line[GPUFENCE_ERR_LEN * 3], err[GPUFENCE_ERR_LEN];
+
+	snprintf(line, sizeof(line),
+		 "agent unreachable; failure=open lets job %u step %s run WITHOUT GPU isolation: %s",
+		 job_id, step, msg);
+	gf_error("%s", line);
+	if (gate) {
+		snprintf(gate->msg, sizeof(gate->msg), "%s", line);
+		__atomic_store_n(&gate->unfiltered, 1, __ATOMIC_SEQ_CST);
+	}
+	if (gf_go_spool_failopen(&stash.cfg, job_id, step, uid, reason, err,
+				 sizeof(err)) != GPUFENCE_OK)
+		gf_error("job %u step %s: cannot record the step that runs WITHOUT GPU isolation in %s (%s); the line above is its only record",
+			 job_id, step, stash.cfg.spool, err);
+}
+
 int gf_remote_task_post_fork(spank_t sp)
 {
 	uint32_t job_id, step_id, uid;
@@ -178,6 +206,9 @@ int gf_remote_task_post_fork(spank_t sp)
 		snprintf(msg, sizeof(msg), "cannot read the job id, step id or uid from Slurm");
 		snprintf(step, sizeof(step), "?");
 	} else {
+		/* One verdict, log line and spool line per step, not per task. */
+		if (gate && __atomic_load_n(&gate->unfiltered, __ATOMIC_SEQ_CST))
+			return 0;
 		step_name(step_id, step, sizeof(step));
 		pids[0] = (int32_t)pid;
 		rc = gf_go_step_start(&stash.cfg, job_id, step_id, uid,
@@ -191,6 +222,11 @@ int gf_remote_task_post_fork(spank_t sp)
 			return 0;
 		}
 		gf_describe_failure(&stash.cfg, rc, reason, msg, sizeof(msg));
+		if (rc == GPUFENCE_E_UNREACHABLE && stash.cfg.fail_open &&
+		    !(gate && __atomic_load_n(&gate->refused, __ATOMIC_SEQ_CST))) {
+			fail_open(job_id, step, uid, reason, msg);
+			return 0;
+		}
 	}
 	snprintf(full, sizeof(full),
 		 "%s; refusing to start job %u step %s without GPU isolation (ask the cluster administrators to check the gpufence agent on this node)",
@@ -236,8 +272,16 @@ int gf_remote_task_init(spank_t sp)
 	int flags = 0;
 
 	if (gate) {
-		if (__atomic_load_n(&gate->refused, __ATOMIC_SEQ_CST) ||
-		    !__atomic_load_n(&gate->confirmed, __ATOMIC_SEQ_CST)) {
+		bool refused = __atomic_load_n(&gate->refused, __ATOMIC_SEQ_CST);
+		bool confirmed = __atomic_load_n(&gate->confirmed, __ATOMIC_SEQ_CST);
+
+		if (!refused && !confirmed &&
+		    __atomic_load_n(&gate->unfiltered, __ATOMIC_SEQ_CST)) {
+			/* No filter hides a GPU: Slurm's numbering stands. */
+			gf_error("%s", gate->msg);
+			return 0;
+		}
+		if (refused || !confirmed) {
 			gf_error("%s", gate->msg[0] ? gate->msg :
 				 "the step was not confirmed by the gpufence agent; refusing to start it without GPU isolation");
 			return -1;

@@ -66,7 +66,7 @@ func TestNoGoRuntime(t *testing.T) {
 		t.Fatalf("nm go library: %v", err)
 	}
 	for _, want := range []string{"gpufence_abi_version", "gpufence_job_prolog", "gpufence_job_epilog",
-		"gpufence_step_start", "gpufence_step_end"} {
+		"gpufence_step_start", "gpufence_step_end", "gpufence_spool_failopen"} {
 		if !strings.Contains(string(goAll), " "+want+"\n") {
 			t.Errorf("Go library does not export %s", want)
 		}

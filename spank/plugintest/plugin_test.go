@@ -64,12 +64,16 @@ func TestStrictArguments(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"foo=1"}, `error: gpufence: unknown option "foo=1" in plugstack.conf (known: socket, timeout, golib)`},
-		{[]string{"socket"}, `error: gpufence: unknown option "socket" in plugstack.conf (known: socket, timeout, golib)`},
+		{[]string{"foo=1"}, `error: gpufence: unknown option "foo=1" in plugstack.conf (known: socket, timeout, golib, failure, spool)`},
+		{[]string{"socket"}, `error: gpufence: unknown option "socket" in plugstack.conf (known: socket, timeout, golib, failure, spool)`},
 		{[]string{"timeout=0"}, `error: gpufence: option "timeout=0" in plugstack.conf: want whole seconds from 1 to 3600`},
 		{[]string{"timeout=5s"}, `error: gpufence: option "timeout=5s" in plugstack.conf: want whole seconds from 1 to 3600`},
 		{[]string{"socket=relative.sock"}, `error: gpufence: option "socket=relative.sock" in plugstack.conf: not an absolute path`},
 		{[]string{"timeout=3", "timeout=4"}, `error: gpufence: option "timeout" given twice in plugstack.conf`},
+		{[]string{"failure=maybe"}, `error: gpufence: option "failure=maybe" in plugstack.conf: want closed or open`},
+		{[]string{"failure="}, `error: gpufence: option "failure=" in plugstack.conf: want closed or open`},
+		{[]string{"spool=relative/failopen.jsonl"}, `error: gpufence: option "spool=relative/failopen.jsonl" in plugstack.conf: not an absolute path`},
+		{[]string{"failure=open", "failure=closed"}, `error: gpufence: option "failure" given twice in plugstack.conf`},
 	}
 	for _, ctx := range []string{"local", "allocator", "slurmd"} {
 		for _, tt := range tests {
@@ -78,7 +82,8 @@ func TestStrictArguments(t *testing.T) {
 				t.Errorf("%s %v: want rc -1 and %q, got %q", ctx, tt.args, tt.want, lines)
 			}
 		}
-		lines := slurm(t, nil, ctx, []string{"init", "exit", "maps"}, "socket=/x/a.sock", "timeout=3", "golib=/x/go.so")
+		lines := slurm(t, nil, ctx, []string{"init", "exit", "maps"}, "socket=/x/a.sock", "timeout=3", "golib=/x/go.so",
+			"failure=open", "spool=/x/failopen.jsonl")
 		if !has(lines, "rc init 0") || !has(lines, "rc exit 0") || hasPrefix(lines, "error:") {
 			t.Errorf("%s with good arguments: %q", ctx, lines)
 		}
@@ -194,7 +199,7 @@ func TestMissingGoLibraryRefusesStep(t *testing.T) {
 func TestBadArgumentsInStepRefuseTasks(t *testing.T) {
 	lines := slurm(t, stepEnv(), "remote", stepSequence, "bogus=1")
 	if !has(lines, "rc init 0") || !has(lines, "rc task_init -1") || !has(lines, "golib mapped 0") ||
-		!hasPrefix(lines, `error: gpufence: unknown option "bogus=1" in plugstack.conf (known: socket, timeout, golib); refusing`) {
+		!hasPrefix(lines, `error: gpufence: unknown option "bogus=1" in plugstack.conf (known: socket, timeout, golib, failure, spool); refusing`) {
 		t.Errorf("bad arguments in slurmstepd: %q", lines)
 	}
 }

@@ -16,9 +16,13 @@ import (
 	"github.com/gpufence/gpufence/proto/wire"
 )
 
-// Answer returns the response to req, or nil to never answer (the
-// connection stays open until the test ends).
+// Answer returns the response to req, nil to never answer (the connection
+// stays open until the test ends), or HangUp.
 type Answer func(req *pb.Request) *pb.Response
+
+// HangUp, returned by an Answer, closes the connection without answering,
+// as an agent that dies mid-request does.
+var HangUp = &pb.Response{Error: "fakeagent: hang up"}
 
 // Agent is one listening fake agent.
 type Agent struct {
@@ -40,7 +44,15 @@ func Start(t testing.TB, answer Answer) *Agent {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	a := &Agent{Socket: filepath.Join(dir, "agent.sock"), done: make(chan struct{})}
+	return StartAt(t, filepath.Join(dir, "agent.sock"), answer)
+}
+
+// StartAt listens on socket, for an agent that appears where a client
+// already looks (AbsentSocket).
+func StartAt(t testing.TB, socket string, answer Answer) *Agent {
+	t.Helper()
+	a := &Agent{Socket: socket, done: make(chan struct{})}
+	var err error
 	if a.ln, err = net.Listen("unix", a.Socket); err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +117,9 @@ func (a *Agent) handle(t testing.TB, c net.Conn, answer Answer) {
 	resp := answer(req)
 	if resp == nil {
 		<-a.done
+		return
+	}
+	if resp == HangUp {
 		return
 	}
 	if err := conn.Write(resp, time.Now().Add(10*time.Second)); err != nil {

@@ -1,0 +1,199 @@
+package plugintest
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
+	"github.com/gpufence/gpufence/spank/internal/fakeagent"
+)
+
+// The agent drops init's first request; the retry inside the same callback
+// registers the step, and nobody hears of the hiccup.
+func TestRetryWithinCallback(t *testing.T) {
+	var n atomic.Int32
+	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response {
+		if n.Add(1) == 1 {
+			return fakeagent.HangUp
+		}
+		return &pb.Response{Gpus: []uint32{1, 3}}
+	})
+	lines := slurm(t, stepEnv(), "remote", []string{"init", "maps"}, "socket="+a.Socket)
+	if !has(lines, "rc init 0") || hasPrefix(lines, "error:") || !has(lines, "golib mapped 1") {
+		t.Errorf("init with one dropped request: %q", lines)
+	}
+	reqs := a.Requests()
+	if len(reqs) != 2 || reqs[0].GetStepStart() == nil || reqs[1].GetStepStart() == nil {
+		t.Errorf("agent saw %v, want StepStart twice", reqs)
+	}
+}
+
+// A silent agent costs one callback two tries: about 2×timeout.
+func TestRetryBudgetPerCallback(t *testing.T) {
+	silent := fakeagent.Start(t, func(*pb.Request) *pb.Response { return nil })
+	start := time.Now()
+	lines := slurm(t, stepEnv(), "remote", []string{"init"}, "socket="+silent.Socket, "timeout=1")
+	elapsed := time.Since(start)
+	if !has(lines, "rc init 0") ||
+		!hasPrefix(lines, "error: gpufence: job 7 step 2: cannot reach the gpufence agent at "+silent.Socket+" (no answer within 1s)") {
+		t.Errorf("init with a silent agent: %q", lines)
+	}
+	if got := len(silent.Requests()); got != 2 {
+		t.Errorf("agent saw %d requests, want 2", got)
+	}
+	if elapsed < 2*time.Second-100*time.Millisecond || elapsed > 2*time.Second+time.Second {
+		t.Errorf("init took %v, want about 2s (2×timeout)", elapsed)
+	}
+}
+
+func spoolLines(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+}
+
+func TestFailOpenAgentAbsent(t *testing.T) {
+	for _, tt := range []struct{ stepID, name string }{{"2", "2"}, {"0xfffffffb", "batch"}} {
+		t.Run(tt.name, func(t *testing.T) {
+			sock := fakeagent.AbsentSocket(t)
+			spool := filepath.Join(t.TempDir(), "spool", "failopen.jsonl")
+			lines := slurm(t, stepEnv("FAKE_STEP_ID="+tt.stepID), "remote", stepSequence,
+				"socket="+sock, "failure=open", "spool="+spool)
+			if !has(lines, "rc task_post_fork 0") || !has(lines, "rc task_init 0") {
+				t.Errorf("failure=open did not let the task run: %q", lines)
+			}
+			want := "error: gpufence: agent unreachable; failure=open lets job 7 step " + tt.name +
+				" run WITHOUT GPU isolation: cannot reach the gpufence agent at " + sock + " (connect: no such file or directory)"
+			// Once in slurmstepd's log (post_fork), once on the task's output.
+			if n := count(lines, want); n != 2 {
+				t.Errorf("%d lines %q, want 2, in %q", n, want, lines)
+			}
+			if hasPrefix(lines, "error: gpufence: cannot record") || hasPrefix(lines, "info: gpufence:") {
+				t.Errorf("unexpected lines: %q", lines)
+			}
+			// No filter: Slurm's own numbering stays.
+			if !has(lines, "env CUDA_VISIBLE_DEVICES=3") || !has(lines, "env GPU_DEVICE_ORDINAL=1,3") {
+				t.Errorf("variables renumbered for an unfiltered step: %q", lines)
+			}
+			got := spoolLines(t, spool)
+			if len(got) != 1 {
+				t.Fatalf("spool has %d lines, want 1: %q", len(got), got)
+			}
+			var rec struct {
+				Time   string `json:"time"`
+				JobID  uint32 `json:"job_id"`
+				StepID string `json:"step_id"`
+				UID    uint32 `json:"uid"`
+				Node   string `json:"node"`
+				Reason string `json:"reason"`
+			}
+			dec := json.NewDecoder(strings.NewReader(got[0]))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&rec); err != nil {
+				t.Fatalf("spool line %q: %v", got[0], err)
+			}
+			host, _ := os.Hostname()
+			if rec.JobID != 7 || rec.StepID != tt.name || rec.UID != 2001 || rec.Node != host ||
+				rec.Reason != "connect: no such file or directory" {
+				t.Errorf("spool record %+v", rec)
+			}
+			if _, err := time.Parse(time.RFC3339, rec.Time); err != nil {
+				t.Errorf("spool time: %v", err)
+			}
+			assertMode(t, filepath.Dir(spool), 0o700)
+			assertMode(t, spool, 0o600)
+		})
+	}
+}
+
+func count(lines []string, want string) int {
+	n := 0
+	for _, l := range lines {
+		if l == want {
+			n++
+		}
+	}
+	return n
+}
+
+func assertMode(t *testing.T, path string, want os.FileMode) {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != want {
+		t.Errorf("%s: mode %#o, want %#o", path, fi.Mode().Perm(), want)
+	}
+}
+
+// A refusal is the agent's decision: failure=open does not override it.
+func TestFailOpenStillRefuses(t *testing.T) {
+	a := fakeagent.Start(t, func(*pb.Request) *pb.Response {
+		return &pb.Response{Error: "job 7 has no prolog record on this node"}
+	})
+	spool := filepath.Join(t.TempDir(), "spool", "failopen.jsonl")
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket, "failure=open", "spool="+spool)
+	if !has(lines, "rc task_init -1") ||
+		!hasPrefix(lines, "error: gpufence: the gpufence agent refused: job 7 has no prolog record on this node; refusing") {
+		t.Errorf("refusal under failure=open: %q", lines)
+	}
+	if hasPrefix(lines, "error: gpufence: agent unreachable") {
+		t.Errorf("a refusal was reported as fail-open: %q", lines)
+	}
+	if _, err := os.Stat(filepath.Dir(spool)); !os.IsNotExist(err) {
+		t.Errorf("spool folder for a refused step: %v", err)
+	}
+}
+
+// Only an unreachable agent opens: a missing client library does not.
+func TestFailOpenNeedsTheClient(t *testing.T) {
+	spool := filepath.Join(t.TempDir(), "failopen.jsonl")
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "golib=/nonexistent/spank_gpufence_go.so",
+		"failure=open", "spool="+spool)
+	if !has(lines, "rc task_init -1") || hasPrefix(lines, "error: gpufence: agent unreachable") {
+		t.Errorf("missing library under failure=open: %q", lines)
+	}
+	if got := spoolLines(t, spool); got != nil {
+		t.Errorf("spooled %q", got)
+	}
+}
+
+// A spool that cannot be written does not stop the step; the log says so.
+func TestFailOpenSpoolUnwritable(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spool := filepath.Join(file, "failopen.jsonl")
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+fakeagent.AbsentSocket(t),
+		"failure=open", "spool="+spool)
+	if !has(lines, "rc task_init 0") ||
+		!hasPrefix(lines, "error: gpufence: job 7 step 2: cannot record the step that runs WITHOUT GPU isolation in "+spool) {
+		t.Errorf("unwritable spool: %q", lines)
+	}
+}
+
+// failure=closed is the default and the same as saying it.
+func TestFailClosedExplicit(t *testing.T) {
+	spool := filepath.Join(t.TempDir(), "failopen.jsonl")
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+fakeagent.AbsentSocket(t),
+		"failure=closed", "spool="+spool)
+	if !has(lines, "rc task_init -1") || hasPrefix(lines, "error: gpufence: agent unreachable") {
+		t.Errorf("failure=closed: %q", lines)
+	}
+	if got := spoolLines(t, spool); got != nil {
+		t.Errorf("spooled %q", got)
+	}
+}
