@@ -32,6 +32,7 @@ type command struct {
 var commands = map[string]command{
 	"agent":   {"run the node agent in the foreground (needs root)", runAgent},
 	"audit":   {"read the audit trail: gpufence audit tail [--job N] [--user U] [--denied] [--json] [-f]", runAudit},
+	"status":  {"show jobs, steps, GPUs, cgroups, pinned objects and counters (works while the agent is down)", runStatus},
 	"version": {"print the version", runVersion},
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -110,9 +111,7 @@ type statusInput struct {
 	// Scope is the slurmstepd scope directory found, "" if none.
 	Scope string
 	// Exempt names the exempt cgroups of the scope by their current id.
-	Exempt map[uint64]string
-	// ExemptNames are the configured exempt cgroups (for the missing-entry
-	// check).
+	Exempt      map[uint64]string
 	StateFile   string
 	State       *stateFileV1 // nil when missing or unreadable
 	StateExists bool
@@ -126,8 +125,8 @@ type statusInput struct {
 // stateFileV1 is the agent's state file (agent/daemon/persist.go,
 // savedState), version 1.
 type stateFileV1 struct {
-	Version int `json:"version"`
-	Scope   string
+	Version int    `json:"version"`
+	Scope   string `json:"scope,omitempty"`
 	Jobs    []struct {
 		ID       uint32 `json:"id"`
 		UID      uint32 `json:"uid"`
@@ -153,7 +152,7 @@ type statusReport struct {
 	// OK is false when Problems is not empty (exit status 1).
 	OK bool `json:"ok"`
 	// Problems are the findings, one sentence each.
-	Problems []string `json:"problems"`
+	Problems []string     `json:"problems"`
 	Agent    agentReport  `json:"agent"`
 	Filter   filterReport `json:"filter"`
 	State    stateReport  `json:"state"`
@@ -236,9 +235,9 @@ type jobReport struct {
 	// User is the uid's name, "" if unknown.
 	User string `json:"user,omitempty"`
 	// GPUs are the job's trusted GPUs (indexes of gres.conf).
-	GPUs     []int  `json:"gpus"`
-	NoProlog bool   `json:"no_prolog,omitempty"`
-	Broken   string `json:"broken,omitempty"`
+	GPUs     []int        `json:"gpus"`
+	NoProlog bool         `json:"no_prolog,omitempty"`
+	Broken   string       `json:"broken,omitempty"`
 	Steps    []stepReport `json:"steps"`
 }
 
@@ -464,7 +463,15 @@ func cmpU32(a, b uint32) int {
 
 // writeStatus prints the report as short aligned sections.
 func writeStatus(w io.Writer, r statusReport) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var buf bytes.Buffer
+	defer func() {
+		for _, line := range strings.SplitAfter(buf.String(), "\n") {
+			if t := strings.TrimRight(line, " \n"); line != "" {
+				fmt.Fprintln(w, t)
+			}
+		}
+	}()
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	flush := func() { tw.Flush() }
 	fmt.Fprintf(tw, "gpufence %s status\n\n", r.Version)
 
@@ -531,8 +538,12 @@ func writeStatus(w io.Writer, r statusReport) {
 	flush()
 
 	if len(r.Jobs) > 0 {
-		fmt.Fprintf(tw, "\nJobs\n")
-		fmt.Fprintf(tw, "  JOB\tSTEP\tUSER\tGPUS\tCGROUP\tKERNEL\tNOTE\n")
+		fmt.Fprintf(tw, "\nJobs (cgroups below the scope)\n")
+		fmt.Fprintf(tw, "  JOB\tSTEP\tUSER\tGPUS\tKERNEL\tCHECK\tCGROUP\n")
+		scope := r.State.Scope
+		if scope == "" {
+			scope = r.Filter.Scope
+		}
 		for _, j := range r.Jobs {
 			var flags []string
 			if j.NoProlog {
@@ -543,18 +554,21 @@ func writeStatus(w io.Writer, r statusReport) {
 			}
 			fmt.Fprintf(tw, "  %d\t\t%s\t%s\t\t\t%s\n", j.ID, userLabel(j.UID, j.User), gpuList(j.GPUs), strings.Join(flags, "; "))
 			for _, st := range j.Steps {
-				cg := "ok"
+				cg := st.Cgroup
+				if rel, err := filepath.Rel(scope, cg); scope != "" && err == nil && !strings.HasPrefix(rel, "..") {
+					cg = rel
+				}
 				switch {
 				case st.CgroupRecreated:
-					cg = "recreated"
+					cg += " (recreated)"
 				case !st.CgroupExists:
-					cg = "gone"
+					cg += " (gone)"
 				}
-				note := ""
+				check := "ok"
 				if len(st.Problems) > 0 {
-					note = "MISMATCH"
+					check = "MISMATCH"
 				}
-				fmt.Fprintf(tw, "  \t%s\t\t%s\t%s %s\t%s\t%s\n", st.Name, gpuList(st.GPUs), cg, st.Cgroup, kernelLabel(st.Kernel), note)
+				fmt.Fprintf(tw, "  \t%s\t\t%s\t%s\t%s\t%s\n", st.Name, gpuList(st.GPUs), kernelLabel(st.Kernel), check, cg)
 			}
 		}
 		flush()
