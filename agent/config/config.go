@@ -72,6 +72,10 @@ type Config struct {
 	// StateFile keeps which job and step each kernel entry belongs to
 	// across agent restarts; empty keeps it in memory only.
 	StateFile string `yaml:"state_file"`
+	// RecoverFromSlurmctld asks slurmctld (scontrol show job -d) for the
+	// GPUs of a job whose prolog record is missing (agent down at job start,
+	// state lost), instead of giving its steps no GPU.
+	RecoverFromSlurmctld bool `yaml:"recover_from_slurmctld"`
 }
 
 // Audit configures where GPU access decisions are recorded.
@@ -134,18 +138,19 @@ func Default() Config {
 	host, _ := os.Hostname()
 	host, _, _ = strings.Cut(host, ".")
 	return Config{
-		Socket:            "/run/gpufence/agent.sock",
-		SlurmConf:         slurmConf,
-		NodeName:          host,
-		Mode:              ModeAuto,
-		ExemptCgroups:     []string{"system", "slurmd"},
-		RequestTimeout:    Duration{5 * time.Second},
-		ReconcileInterval: Duration{10 * time.Second},
-		LogLevel:          "info",
-		LogFormat:         "text",
-		Enforcement:       EnforcementEnforce,
-		PinDir:            "/sys/fs/bpf/gpufence",
-		StateFile:         "/var/lib/gpufence/state.json",
+		Socket:               "/run/gpufence/agent.sock",
+		SlurmConf:            slurmConf,
+		NodeName:             host,
+		Mode:                 ModeAuto,
+		ExemptCgroups:        []string{"system", "slurmd"},
+		RequestTimeout:       Duration{5 * time.Second},
+		ReconcileInterval:    Duration{10 * time.Second},
+		LogLevel:             "info",
+		LogFormat:            "text",
+		Enforcement:          EnforcementEnforce,
+		PinDir:               "/sys/fs/bpf/gpufence",
+		StateFile:            "/var/lib/gpufence/state.json",
+		RecoverFromSlurmctld: true,
 		Audit: Audit{
 			File:          "/var/log/gpufence/audit.jsonl",
 			Journald:      "auto",

@@ -258,7 +258,7 @@ func (d *Daemon) Handle(_ context.Context, peer server.Peer, req *pb.Request) *p
 }
 
 func (d *Daemon) jobProlog(m *pb.JobProlog) error {
-	j := &job{Job: policy.Job{ID: m.GetJobId(), UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}}
+	j := &job{Job: policy.Job{ID: m.GetJobId(), UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}, created: time.Now()}
 	log := d.log.With(keyJob, j.ID, keyUID, j.UID)
 	if m.JobGpus != nil {
 		gpus, err := policy.ParseGPUList(m.GetJobGpus())
@@ -327,6 +327,13 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 	}
 
 	d.mu.Lock()
+	_, known := d.jobs[jobID]
+	d.mu.Unlock()
+	if !known && d.cfg.RecoverFromSlurmctld {
+		d.recoverJob(jobID, m.GetUid())
+	}
+
+	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.attachLocked(loc.Scope); err != nil {
 		return nil, fmt.Errorf("step %s: %v", name, err)
@@ -368,13 +375,14 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 	if j == nil {
 		// No prolog (CPU-only use only, see policy.ForStep): keep a record
 		// so the step's entry is removed when it ends.
-		j = &job{Job: policy.Job{ID: jobID, UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}, noProlog: true}
+		j = &job{Job: policy.Job{ID: jobID, UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}, noProlog: true, created: time.Now()}
 		d.jobs[jobID] = j
 		d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, dec.Note, func(r *audit.Record) {
 			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid())
 		})
 	}
 	j.steps[stepID] = &step{jobID: jobID, stepID: stepID, uid: m.GetUid(), cg: cg, gpus: dec.GPUs}
+	j.dir = loc.Job
 	d.owners[cg.ID] = owner{jobID: jobID, stepID: stepID, uid: m.GetUid()}
 	d.saveLocked()
 	log.Info("step policy applied", "gpus", policy.FormatGPUList(dec.GPUs), keyCgroup, cg.Path)
@@ -384,6 +392,50 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 			r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, dec.GPUs...), cg.Path, cg.ID, d.policyMode()
 		})
 	return d.stepResponse(dec.GPUs, st), nil
+}
+
+// recoverJob asks slurmctld for the GPUs of a job the agent has no prolog
+// record of, and records them as its trusted list; either way it is audited.
+func (d *Daemon) recoverJob(jobID, uid uint32) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	gpus, found, err := slurm.JobGPUsFromController(ctx, d.cfg.SlurmConf, jobID, d.cfg.NodeName)
+	msg := ""
+	switch {
+	case err != nil:
+		msg = fmt.Sprintf("job %d has no prolog record and slurmctld could not be asked (%v); its steps get no GPU", jobID, err)
+	case !found:
+		msg = fmt.Sprintf("job %d has no prolog record and slurmctld lists no allocation of it on %s; its steps get no GPU", jobID, d.cfg.NodeName)
+	}
+	var broken string
+	for _, g := range gpus {
+		if _, ok := d.gpus[g]; !ok {
+			broken = fmt.Sprintf("job %d holds GPU %d per slurmctld, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", jobID, g)
+		}
+	}
+	if msg != "" {
+		d.log.Warn(msg, keyJob, jobID)
+		d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, msg, func(r *audit.Record) {
+			r.JobID, r.UID, r.User = jobID, audit.UID(uid), d.users.get(uid)
+		})
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.jobs[jobID]; ok {
+		return // a prolog raced us
+	}
+	j := &job{Job: policy.Job{ID: jobID, UID: uid, GPUs: gpus}, broken: broken, steps: map[uint32]*step{}, created: time.Now()}
+	if broken != "" {
+		j.GPUs = []int{}
+	}
+	d.jobs[jobID] = j
+	d.saveLocked()
+	msg = fmt.Sprintf("job %d had no prolog record; its trusted GPU list [%s] was recovered from slurmctld", jobID, policy.FormatGPUList(gpus))
+	d.log.Warn(msg, keyJob, jobID)
+	d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, msg, func(r *audit.Record) {
+		r.JobID, r.UID, r.User, r.GPUs = jobID, audit.UID(uid), d.users.get(uid), append([]int{}, gpus...)
+	})
 }
 
 func (d *Daemon) stepResponse(gpus []int, st slurm.Settings) *pb.Response {
@@ -455,6 +507,26 @@ func (d *Daemon) Reconcile() {
 				d.removeStepLocked(j, s, "step cgroup vanished")
 				changed = true
 			}
+		}
+	}
+	// A job whose epilog never came (agent down then, or the epilog
+	// failed): once it has no step left and its cgroup is gone, or it never
+	// had a step for an hour, its record goes too.
+	for id, j := range d.jobs {
+		if len(j.steps) > 0 {
+			continue
+		}
+		gone := false
+		if j.dir != "" {
+			_, err := os.Stat(j.dir)
+			gone = err != nil
+		} else {
+			gone = !j.created.IsZero() && time.Since(j.created) > time.Hour
+		}
+		if gone {
+			delete(d.jobs, id)
+			changed = true
+			d.log.Info("job record dropped: no step left and its cgroup is gone (its epilog never reached the agent)", keyJob, id)
 		}
 	}
 	if changed {

@@ -400,10 +400,14 @@ func TestPrivilegedReconcileRemovesVanishedStep(t *testing.T) {
 	}
 	d.Reconcile()
 	d.mu.Lock()
-	n := len(d.jobs[1].steps)
+	j, owners := d.jobs[1], len(d.owners)
 	d.mu.Unlock()
-	if n != 0 {
-		t.Errorf("%d steps left after their cgroup vanished", n)
+	// The step and, its cgroup being gone, the job whose epilog never came.
+	if j != nil {
+		t.Errorf("job record left after its cgroup vanished: %d steps", len(j.steps))
+	}
+	if owners != len(d.exempts) {
+		t.Errorf("%d owners left, want only the exempt ones", owners)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
@@ -32,6 +33,8 @@ type savedJob struct {
 	GPUs     []int       `json:"gpus"`
 	Broken   string      `json:"broken,omitempty"`
 	NoProlog bool        `json:"no_prolog,omitempty"`
+	Dir      string      `json:"dir,omitempty"`
+	Created  time.Time   `json:"created"`
 	Steps    []savedStep `json:"steps,omitempty"`
 }
 
@@ -51,7 +54,7 @@ func (d *Daemon) saveLocked() {
 	}
 	st := savedState{Version: stateVersion, Scope: d.scope, Jobs: []savedJob{}}
 	for _, j := range d.jobs {
-		sj := savedJob{ID: j.ID, UID: j.UID, GPUs: j.GPUs, Broken: j.broken, NoProlog: j.noProlog}
+		sj := savedJob{ID: j.ID, UID: j.UID, GPUs: j.GPUs, Broken: j.broken, NoProlog: j.noProlog, Dir: j.dir, Created: j.created}
 		for _, s := range j.steps {
 			sj.Steps = append(sj.Steps, savedStep{ID: s.stepID, UID: s.uid, CgroupID: s.cg.ID, Cgroup: s.cg.Path, GPUs: s.gpus})
 		}
@@ -116,7 +119,7 @@ func loadState(path string) (savedState, error) {
 // d.mu is held.
 func (d *Daemon) restoreLocked(st savedState) {
 	for _, sj := range st.Jobs {
-		j := &job{Job: policy.Job{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs}, broken: sj.Broken, noProlog: sj.NoProlog, steps: map[uint32]*step{}}
+		j := &job{Job: policy.Job{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs}, broken: sj.Broken, noProlog: sj.NoProlog, dir: sj.Dir, created: sj.Created, steps: map[uint32]*step{}}
 		if j.GPUs == nil {
 			j.GPUs = []int{}
 		}

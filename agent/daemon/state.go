@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"time"
+
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -14,7 +16,12 @@ type job struct {
 	// noProlog marks a record made for a step whose job never sent a
 	// prolog; it carries no trusted list.
 	noProlog bool
-	steps    map[uint32]*step
+	// dir is the job's cgroup, once a step showed it; created is when the
+	// record was made. Together they let Reconcile drop a job whose epilog
+	// never reached the agent.
+	dir     string
+	created time.Time
+	steps   map[uint32]*step
 }
 
 // step is one registered step and the cgroup its policy is keyed by.

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,6 +23,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/tests/cluster"
 )
@@ -528,13 +530,15 @@ func (st *suite) readOut(t *testing.T, path string) cluster.OpenReport {
 // waits until its extern step is registered.
 func (st *suite) hold(t *testing.T, n int) func() {
 	t.Helper()
-	r := st.c.Run(st.ctx, user, "sbatch", "--parsable", fmt.Sprintf("--gres=gpu:%d", n), "-o", "/dev/null", "--wrap", "sleep 300")
+	// The script marks when it runs: by then every callback of its step
+	// has returned.
+	marker := filepath.Join(st.c.Root(), "work", fmt.Sprintf("holding-%d", time.Now().UnixNano()))
+	r := st.c.Run(st.ctx, user, "sbatch", "--parsable", fmt.Sprintf("--gres=gpu:%d", n), "-o", "/dev/null", "--wrap", "touch "+marker+"; sleep 300")
 	mustOK(t, r)
 	id := strings.TrimSpace(r.Stdout)
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		q := st.c.Run(st.ctx, "", "squeue", "-h", "-j", id, "-o", "%T")
-		if strings.TrimSpace(q.Stdout) == "RUNNING" && st.jobCgroup(id) != "" {
+		if _, err := os.Stat(marker); err == nil && st.jobCgroup(id) != "" {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -767,6 +771,47 @@ func TestPrivilegedAgentKilled(t *testing.T) {
 	alog, _ := os.ReadFile(st.agent.Log)
 	if !strings.Contains(string(alog), "adopted_pinned=true") || !strings.Contains(string(alog), "restored jobs") {
 		t.Errorf("the restarted agent did not adopt the pinned filter and saved jobs:\n%s", tailLines(string(alog), 30))
+	}
+}
+
+// TestPrivilegedLostStateRecovered: the agent is killed and its saved state
+// is lost while a job runs; the restarted agent recovers the job's trusted
+// GPU list from slurmctld when the job's next step starts, and audits that.
+func TestPrivilegedLostStateRecovered(t *testing.T) {
+	st := get(t)
+	release := st.hold(t, 1)
+	defer release()
+	q := st.c.Run(st.ctx, "", "squeue", "-h", "-t", "R", "-o", "%i", "--sort=-i")
+	id := strings.Fields(q.Stdout)[0]
+	if err := syscall.Kill(st.agent.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := os.Remove(filepath.Join(st.c.Root(), "run", "agent-state.json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.startAgent(); err != nil {
+		t.Fatal(err)
+	}
+	r := st.c.Run(st.ctx, user, "srun", append([]string{"--jobid=" + id, "--gres=gpu:1", "--overlap", st.open, "-env"}, st.paths()...)...)
+	mustOK(t, r)
+	rep := cluster.ParseOpen(r.Stdout)
+	st.expectGPUs(t, rep, gpusOf(t, rep, "SLURM_STEP_GPUS"))
+	jobID, _ := strconv.ParseUint(id, 10, 32)
+	recs := st.waitRecords(t, uint32(jobID), func(rs []audit.Record) bool {
+		for _, r := range rs {
+			if r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld") {
+				return true
+			}
+		}
+		return false
+	})
+	found := false
+	for _, r := range recs {
+		found = found || (r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld"))
+	}
+	if !found {
+		t.Errorf("no audit record of the recovery: %+v", recs)
 	}
 }
 
