@@ -31,6 +31,9 @@ const (
 	// EventStaleEntryRemoved: at start, a kernel entry of a cgroup that no
 	// longer exists (left by an earlier run) was removed.
 	EventStaleEntryRemoved Event = "stale_entry_removed"
+	// EventStepUnfiltered: the SPANK plugin let a step run without GPU
+	// isolation (failure=open, agent unreachable); recorded from its spool.
+	EventStepUnfiltered Event = "step_unfiltered"
 )
 
 // Severity is the record's importance; it maps to syslog and journald priorities.

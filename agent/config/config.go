@@ -76,6 +76,9 @@ type Config struct {
 	// GPUs of a job whose prolog record is missing (agent down at job start,
 	// state lost), instead of giving its steps no GPU.
 	RecoverFromSlurmctld bool `yaml:"recover_from_slurmctld"`
+	// FailOpenSpool is where the SPANK plugin (failure=open, spool=) records
+	// steps it let run without isolation; the agent audits and removes them.
+	FailOpenSpool string `yaml:"failopen_spool"`
 }
 
 // Audit configures where GPU access decisions are recorded.
@@ -151,6 +154,7 @@ func Default() Config {
 		PinDir:               "/sys/fs/bpf/gpufence",
 		StateFile:            "/var/lib/gpufence/state.json",
 		RecoverFromSlurmctld: true,
+		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
 		Audit: Audit{
 			File:          "/var/log/gpufence/audit.jsonl",
 			Journald:      "auto",
@@ -236,6 +240,9 @@ func (c Config) Validate(source string) error {
 	}
 	if c.PinDir != "" && !filepath.IsAbs(c.PinDir) {
 		bad("pin_dir", "%q must be an absolute path on bpffs (or empty)", c.PinDir)
+	}
+	if c.FailOpenSpool != "" && !filepath.IsAbs(c.FailOpenSpool) {
+		bad("failopen_spool", "%q must be an absolute path (or empty)", c.FailOpenSpool)
 	}
 	if c.StateFile != "" && !filepath.IsAbs(c.StateFile) {
 		bad("state_file", "%q must be an absolute path (or empty)", c.StateFile)

@@ -498,6 +498,7 @@ func (d *Daemon) removeStepLocked(j *job, s *step, why string) {
 // slurmstepd that died without its exit callback) and refreshes the exempt
 // entries.
 func (d *Daemon) Reconcile() {
+	d.ingestFailOpen()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	changed := false

@@ -182,6 +182,7 @@ func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
 	cfg.Scope = tr.scope
 	cfg.PinDir = ""
 	cfg.StateFile = filepath.Join(tr.t.TempDir(), "state.json")
+	cfg.FailOpenSpool = ""
 	buf := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(buf, testWriter{tr.t}), nil))
 	d, err := New(cfg, log, NewKernelFilter(devfilter.Options{Mode: mode, NvidiaMajor: 195, Logger: log, AuditAllowed: devfilter.AuditAllowedNone}), 195, tr.rec)
@@ -421,7 +422,7 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 	cfg := config.Default()
 	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
-	cfg.PinDir, cfg.StateFile = "", ""
+	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
 	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
 		return nil, errors.New("no filter in this test")
 	}, 195, nil)
@@ -439,4 +440,33 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 		t.Errorf("broken = %q", d.jobs[1].broken)
 	}
 	_ = time.Second
+}
+
+func TestIngestFailOpen(t *testing.T) {
+	dir := t.TempDir()
+	spool := filepath.Join(dir, "failopen.jsonl")
+	lines := `{"time":"2026-11-29T09:00:00Z","job_id":7,"step_id":"0","uid":0,"node":"n1","reason":"connect: no such file or directory"}
+{"time":"2026-11-29T09:00:01Z","job_id":8,"step_id":"batch","uid":0,"node":"n1","reason":"no answer within 10s"}
+`
+	os.WriteFile(spool, []byte(lines), 0o600)
+	rec := &memRecorder{}
+	d := &Daemon{cfg: config.Config{FailOpenSpool: spool}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rec: rec}
+	d.ingestFailOpen()
+	got := rec.records(audit.EventStepUnfiltered)
+	if len(got) != 2 || got[0].JobID != 7 || got[1].StepID != "batch" || got[0].Reason == "" || !strings.Contains(got[0].Message, "WITHOUT GPU isolation") {
+		t.Fatalf("records %+v", got)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+		t.Errorf("spool not consumed: %v", left)
+	}
+	d.ingestFailOpen() // nothing twice
+	if n := len(rec.records(audit.EventStepUnfiltered)); n != 2 {
+		t.Errorf("%d records after a second pass", n)
+	}
+	// A bad line keeps the file for a person to look at.
+	os.WriteFile(spool, []byte("not json\n"), 0o600)
+	d.ingestFailOpen()
+	if left, _ := filepath.Glob(filepath.Join(dir, "*.ingest")); len(left) != 1 {
+		t.Errorf("bad spool not kept: %v", left)
+	}
 }

@@ -186,8 +186,8 @@ func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 	}
 	st.auditFiles = append(st.auditFiles, opt.auditFile)
 	cfg := filepath.Join(st.c.Root(), "etc", fmt.Sprintf("agent-%d.yaml", st.starts))
-	yaml := fmt.Sprintf("audit:\n  file: %s\n  journald: \"off\"\n  flush_interval: 500ms\npin_dir: %s\nstate_file: %s\n",
-		opt.auditFile, filepath.Join(st.bpffs, "gpufence"), filepath.Join(st.c.Root(), "run", "agent-state.json"))
+	yaml := fmt.Sprintf("audit:\n  file: %s\n  journald: \"off\"\n  flush_interval: 500ms\npin_dir: %s\nstate_file: %s\nfailopen_spool: %s\n",
+		opt.auditFile, filepath.Join(st.bpffs, "gpufence"), filepath.Join(st.c.Root(), "run", "agent-state.json"), st.spool())
 	if opt.auditOnly {
 		yaml += "enforcement: audit-only\n"
 	}
@@ -771,6 +771,50 @@ func TestPrivilegedAgentKilled(t *testing.T) {
 	alog, _ := os.ReadFile(st.agent.Log)
 	if !strings.Contains(string(alog), "adopted_pinned=true") || !strings.Contains(string(alog), "restored jobs") {
 		t.Errorf("the restarted agent did not adopt the pinned filter and saved jobs:\n%s", tailLines(string(alog), 30))
+	}
+}
+
+func (st *suite) spool() string {
+	return filepath.Join(st.c.Root(), "run", "failopen", "failopen.jsonl")
+}
+
+// TestPrivilegedFailOpen: with failure=open, a step launched while the
+// agent is down runs without isolation and says so; the agent, once back,
+// puts a step_unfiltered record in the audit trail. A step the agent
+// refuses still fails.
+func TestPrivilegedFailOpen(t *testing.T) {
+	st := get(t)
+	line := fmt.Sprintf("required %s/spank_gpufence.so socket=%s timeout=2 failure=open spool=%s", st.bin, st.sock, st.spool())
+	if err := st.c.WritePlugstack([]string{line}); err != nil {
+		t.Fatal(err)
+	}
+	defer st.c.WritePlugstack([]string{fmt.Sprintf("required %s/spank_gpufence.so socket=%s timeout=5", st.bin, st.sock)})
+	if err := st.agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	rep, r := st.srun(t, nil, "--gres=gpu:1")
+	if err := st.startAgent(); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, r)
+	if !strings.Contains(r.Stderr, "WITHOUT GPU isolation") {
+		t.Errorf("srun's stderr does not warn:\n%s", r.Stderr)
+	}
+	job := jobOf(t, rep)
+	recs := st.waitRecords(t, job, func(rs []audit.Record) bool {
+		for _, r := range rs {
+			if r.Event == audit.EventStepUnfiltered {
+				return true
+			}
+		}
+		return false
+	})
+	found := false
+	for _, r := range recs {
+		found = found || (r.Event == audit.EventStepUnfiltered && r.StepID == "0" && r.User == user)
+	}
+	if !found {
+		t.Errorf("no step_unfiltered record for job %d step 0: %+v", job, recs)
 	}
 }
 

@@ -1,0 +1,76 @@
+package daemon
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/gpufence/gpufence/agent/audit"
+)
+
+// failOpenLine is one line the SPANK plugin appends to its fail-open spool
+// (plugstack failure=open) when it let a step run WITHOUT GPU isolation
+// because no agent answered; spank/goclient/spool.go writes it.
+type failOpenLine struct {
+	Time   string `json:"time"`
+	JobID  uint32 `json:"job_id"`
+	StepID string `json:"step_id"`
+	UID    uint32 `json:"uid"`
+	Node   string `json:"node"`
+	Reason string `json:"reason"`
+}
+
+// ingestFailOpen turns the spool's lines into step_unfiltered audit
+// records, so a step that ran unfiltered is in the trail once an agent runs
+// again. The file is renamed first, so the plugin's next append starts a new
+// one and no line is read twice.
+func (d *Daemon) ingestFailOpen() {
+	path := d.cfg.FailOpenSpool
+	if path == "" {
+		return
+	}
+	if _, err := os.Stat(path); err != nil {
+		return
+	}
+	taken := fmt.Sprintf("%s.%d.ingest", path, time.Now().UnixNano())
+	if err := os.Rename(path, taken); err != nil {
+		d.log.Error("take the fail-open spool", "file", path, "err", err)
+		return
+	}
+	// An append that opened the file just before the rename lands in the
+	// renamed file; let it finish.
+	time.Sleep(100 * time.Millisecond)
+	f, err := os.Open(taken)
+	if err != nil {
+		d.log.Error("read the fail-open spool", "file", taken, "err", err)
+		return
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	n, bad := 0, 0
+	for sc.Scan() {
+		var l failOpenLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil || l.JobID == 0 {
+			d.log.Error("bad line in the fail-open spool; the file is kept", "file", taken, "line", sc.Text())
+			bad++
+			continue
+		}
+		n++
+		d.lifecycle(audit.EventStepUnfiltered, audit.SeverityError,
+			fmt.Sprintf("job %d step %s ran WITHOUT GPU isolation at %s on %s: failure=open and the agent was unreachable (%s)", l.JobID, l.StepID, l.Time, l.Node, l.Reason),
+			func(r *audit.Record) {
+				r.JobID, r.StepID, r.UID, r.User, r.Reason = l.JobID, l.StepID, audit.UID(l.UID), d.users.get(l.UID), l.Reason
+			})
+	}
+	if err := sc.Err(); err != nil {
+		d.log.Error("read the fail-open spool", "file", taken, "err", err)
+		return
+	}
+	d.log.Warn("steps that ran without GPU isolation were recorded", "count", n, "spool", path)
+	if bad == 0 {
+		f.Close()
+		os.Remove(taken)
+	}
+}
