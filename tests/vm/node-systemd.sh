@@ -42,18 +42,36 @@ echo 'Name=gpu File=/dev/nvidia[0-3]' > /etc/slurm/gres.conf
 printf 'CgroupPlugin=cgroup/v2\nConstrainDevices=no\n' > /etc/slurm/cgroup.conf
 echo 'required /usr/lib/gpufence/spank_gpufence.so' > /etc/slurm/plugstack.conf
 mkdir -p /var/log/slurm && chown slurm:slurm /var/log/slurm
+cat > /etc/systemd/system/gpufence.socket <<EOC
+[Unit]
+Description=gpufence agent socket
+[Socket]
+ListenStream=/run/gpufence/agent.sock
+SocketMode=0600
+DirectoryMode=0755
+[Install]
+WantedBy=sockets.target
+EOC
 cat > /etc/systemd/system/gpufence.service <<EOC
 [Unit]
 Description=gpufence agent
+Requires=gpufence.socket
+After=gpufence.socket
 Before=slurmd.service
 [Service]
+Type=notify
+WatchdogSec=10
 ExecStart=/usr/lib/gpufence/gpufence agent --log-level debug
+Restart=on-failure
 [Install]
 WantedBy=multi-user.target
 EOC
 systemctl daemon-reload
-systemctl start gpufence munge slurmctld slurmd; sleep 2
-systemctl is-active gpufence munge slurmctld slurmd
+systemctl start gpufence.socket gpufence munge slurmctld slurmd; sleep 2
+systemctl is-active gpufence.socket gpufence munge slurmctld slurmd
+# Type=notify: active only after READY=1 (filter attached or waiting for the scope).
+systemctl show gpufence -p Type -p ActiveState -p WatchdogUSec -p NRestarts
+journalctl -u gpufence --no-pager -o cat | grep -E "socket_activated=true" >/dev/null || { echo "FAIL: the agent did not take the activated socket"; fail=1; }
 for i in $(seq 60); do [ "$(sinfo -h -o %t 2>/dev/null)" = idle ] && break; sleep 1; done
 sinfo
 P="/dev/nvidia0 /dev/nvidia1 /dev/nvidia2 /dev/nvidia3 /dev/nvidiactl"
@@ -67,6 +85,13 @@ printf 'CgroupPlugin=cgroup/v2\nConstrainDevices=yes\n' > /etc/slurm/cgroup.conf
 for i in $(seq 60); do [ "$(sinfo -h -o %t 2>/dev/null)" = idle ] && break; sleep 1; done
 echo "== srun gpu:1 (ConstrainDevices=yes)"; o=$(su alice -c "srun --gres=gpu:1 /usr/lib/gpufence/gf-open -env $P"); echo "$o"
 check "$o" /dev/nvidia0 ENXIO; check "$o" /dev/nvidia1 EPERM; check "$o" /dev/nvidiactl ENXIO
+echo "== systemctl restart gpufence while a job runs; the job keeps its isolation"
+su alice -c "sbatch -o /tmp/probe.out --gres=gpu:1 --wrap '/usr/lib/gpufence/gf-open -loop 400 -sleep 10ms $P'" ; sleep 2
+systemctl restart gpufence; sleep 1
+systemctl show gpufence -p ActiveState -p NRestarts
+for i in $(seq 60); do [ -z "$(squeue -h)" ] && break; sleep 1; done
+sort /tmp/probe.out | uniq -c
+[ "$(grep -c '^/dev/nvidia1 ENXIO\|^/dev/nvidia1 OK' /tmp/probe.out)" = 0 ] || { echo "FAIL: a foreign GPU opened across the restart"; fail=1; }
 echo "== bpftool cgroup tree (scope)"; bpftool cgroup tree /sys/fs/cgroup/system.slice 2>/dev/null | grep -E 'slurmstepd|devfilter|Slurm' | head
 echo "== agent journal"; journalctl -u gpufence --no-pager -o cat | grep -E 'attached|exempt|denied|applied' | head -20
 echo "== audit file"; wc -l /var/log/gpufence/audit.jsonl; /usr/lib/gpufence/gpufence audit tail --denied | head -8
