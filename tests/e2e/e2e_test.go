@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -46,8 +47,10 @@ type suite struct {
 	bpffsMounted bool
 	// activatedStarts counts socket-activated agent starts (one log).
 	activatedStarts int
-	ctx             context.Context
-	cancel          context.CancelFunc
+	// statusAfterRestart is `gpufence status --json` right after a kill -9.
+	statusAfterRestart string
+	ctx                context.Context
+	cancel             context.CancelFunc
 }
 
 var (
@@ -739,6 +742,12 @@ func TestPrivilegedAgentKilled(t *testing.T) {
 	if err := st.startAgent(); err != nil {
 		t.Fatal(err)
 	}
+	// While the job still runs, status lists it, consistent.
+	var code int
+	st.statusAfterRestart, code = st.status(t)
+	if code != 0 {
+		t.Errorf("gpufence status exit %d after the restart:\n%s", code, st.statusAfterRestart)
+	}
 	if err := os.WriteFile(marker, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -772,6 +781,38 @@ func TestPrivilegedAgentKilled(t *testing.T) {
 	if !strings.Contains(string(alog), "adopted_pinned=true") || !strings.Contains(string(alog), "restored jobs") {
 		t.Errorf("the restarted agent did not adopt the pinned filter and saved jobs:\n%s", tailLines(string(alog), 30))
 	}
+	var status struct {
+		OK   bool `json:"ok"`
+		Jobs []struct {
+			ID    uint32            `json:"id"`
+			Steps []json.RawMessage `json:"steps"`
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(st.statusAfterRestart), &status); err != nil {
+		t.Fatalf("gpufence status --json: %v\n%s", err, st.statusAfterRestart)
+	}
+	listed := false
+	for _, j := range status.Jobs {
+		listed = listed || (fmt.Sprint(j.ID) == id && len(j.Steps) > 0)
+	}
+	if !status.OK || !listed {
+		t.Errorf("gpufence status after the restart: ok=%v, job %s listed with steps=%v:\n%s", status.OK, id, listed, st.statusAfterRestart)
+	}
+}
+
+// status runs `gpufence status --json` against the suite's agent.
+func (st *suite) status(t *testing.T) (string, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(st.bin, "gpufence"), "status", "--json", "--socket", st.sock,
+		"--pin-dir", filepath.Join(st.bpffs, "gpufence"), "--state-file", filepath.Join(st.c.Root(), "run", "agent-state.json"))
+	out, err := cmd.Output()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
 }
 
 func (st *suite) spool() string {
@@ -815,6 +856,53 @@ func TestPrivilegedFailOpen(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no step_unfiltered record for job %d step 0: %+v", job, recs)
+	}
+}
+
+// TestPrivilegedStaleEntriesCleaned: a job ends while no agent runs; the
+// next agent removes the kernel entries its steps left and audits it.
+func TestPrivilegedStaleEntriesCleaned(t *testing.T) {
+	st := get(t)
+	release := st.hold(t, 1)
+	q := st.c.Run(st.ctx, "", "squeue", "-h", "-t", "R", "-o", "%i", "--sort=-i")
+	id := strings.Fields(q.Stdout)[0]
+	before, err := policyEntries(st.c.ScopeDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(st.agent.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	release() // the job ends, its cgroups go, its kernel entries stay
+	after, _ := policyEntries(st.c.ScopeDir())
+	if after != before {
+		t.Fatalf("kernel entries changed with no agent running: %d -> %d", before, after)
+	}
+	if err := st.startAgent(); err != nil {
+		t.Fatal(err)
+	}
+	jobID, _ := strconv.ParseUint(id, 10, 32)
+	recs := st.waitRecords(t, uint32(jobID), func(rs []audit.Record) bool {
+		for _, r := range rs {
+			if r.Event == audit.EventStaleEntryRemoved {
+				return true
+			}
+		}
+		return false
+	})
+	n := 0
+	for _, r := range recs {
+		if r.Event == audit.EventStaleEntryRemoved {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Errorf("no stale_entry_removed record for job %s: %+v", id, recs)
+	}
+	now, _ := policyEntries(st.c.ScopeDir())
+	t.Logf("kernel entries: %d with the job, %d after it ended unseen, %d after the restart; %d stale entries audited", before, after, now, n)
+	if now != 2 {
+		t.Errorf("%d kernel entries after the cleanup, want the 2 exempt ones", now)
 	}
 }
 
