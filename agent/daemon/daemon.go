@@ -22,6 +22,7 @@ import (
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/server"
 	"github.com/gpufence/gpufence/agent/slurm"
+	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
@@ -126,14 +127,14 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		d.byMinor[g.Minor] = g.Index
 		d.log.Info("gpu", keyGPU, g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor))
 	}
-	saved, err := loadState(cfg.StateFile)
+	saved, _, err := statefile.Read(cfg.StateFile)
 	if err != nil {
 		d.log.Error("saved agent state unreadable; running jobs lose attribution, their kernel entries stay until their cgroups go", "err", err)
 	}
 	d.mu.Lock()
 	d.restoreLocked(saved)
 	d.mu.Unlock()
-	if len(saved.Jobs) > 0 {
+	if saved != nil && len(saved.Jobs) > 0 {
 		d.log.Info("restored jobs from the saved state", "jobs", len(saved.Jobs), "file", cfg.StateFile)
 	}
 	if scope := d.findScope(); scope != "" {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/statefile"
 	"io"
 	"log/slog"
 	"os"
@@ -222,11 +223,13 @@ func snapshot(t *testing.T, d *Daemon, f *devfilter.Filter, pinDir, stateFile st
 	d.supp.mu.Lock()
 	s.suppReported, s.suppForget = len(d.supp.reported), len(d.supp.forget)
 	d.supp.mu.Unlock()
-	st, err := loadState(stateFile)
+	st, _, err := statefile.Read(stateFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.stateJobs = len(st.Jobs)
+	if st != nil {
+		s.stateJobs = len(st.Jobs)
+	}
 	s.goroutines = settledGoroutines()
 	runtime.GC()
 	debug.FreeOSMemory()

@@ -22,6 +22,7 @@ import (
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
+	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -113,7 +114,7 @@ type statusInput struct {
 	// Exempt names the exempt cgroups of the scope by their current id.
 	Exempt      map[uint64]string
 	StateFile   string
-	State       *stateFileV1 // nil when missing or unreadable
+	State       *statefile.File // nil when missing or unreadable
 	StateExists bool
 	StateErr    error
 	// CgroupIDs are the current ids of the step cgroup paths; 0 when the
@@ -121,29 +122,6 @@ type statusInput struct {
 	CgroupIDs map[string]uint64
 	UserName  func(uid uint32) string
 }
-
-// stateFileV1 is the agent's state file (agent/daemon/persist.go,
-// savedState), version 1.
-type stateFileV1 struct {
-	Version int    `json:"version"`
-	Scope   string `json:"scope,omitempty"`
-	Jobs    []struct {
-		ID       uint32 `json:"id"`
-		UID      uint32 `json:"uid"`
-		GPUs     []int  `json:"gpus"`
-		Broken   string `json:"broken,omitempty"`
-		NoProlog bool   `json:"no_prolog,omitempty"`
-		Steps    []struct {
-			ID       uint32 `json:"id"`
-			UID      uint32 `json:"uid"`
-			CgroupID uint64 `json:"cgroup_id"`
-			Cgroup   string `json:"cgroup"`
-			GPUs     []int  `json:"gpus"`
-		} `json:"steps,omitempty"`
-	} `json:"jobs"`
-}
-
-const stateFileVersion = 1
 
 // statusReport is what `gpufence status --json` prints.
 type statusReport struct {
@@ -651,7 +629,7 @@ func gatherStatus(cfg config.Config) statusInput {
 			return u.Username
 		},
 	}
-	in.State, in.StateExists, in.StateErr = readStateFile(cfg.StateFile)
+	in.State, in.StateExists, in.StateErr = statefile.Read(cfg.StateFile)
 	if in.State != nil {
 		for _, j := range in.State.Jobs {
 			for _, s := range j.Steps {
@@ -708,28 +686,6 @@ func gatherStatus(cfg config.Config) statusInput {
 		}
 	}
 	return in
-}
-
-// readStateFile reads the agent's state file; a missing one is no error.
-func readStateFile(path string) (*stateFileV1, bool, error) {
-	if path == "" {
-		return nil, false, nil
-	}
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, true, err
-	}
-	var st stateFileV1
-	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, true, fmt.Errorf("%s: %w", path, err)
-	}
-	if st.Version != stateFileVersion {
-		return nil, true, fmt.Errorf("%s: state version %d, this gpufence reads %d", path, st.Version, stateFileVersion)
-	}
-	return &st, true, nil
 }
 
 // probeAgent checks the socket by connecting and closing at once (the agent

@@ -18,14 +18,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
 // fakeState builds a version 1 state file body.
-func fakeState(t *testing.T, scope string, jobs ...string) *stateFileV1 {
+func fakeState(t *testing.T, scope string, jobs ...string) *statefile.File {
 	t.Helper()
 	body := fmt.Sprintf(`{"version":1,"scope":%q,"jobs":[%s]}`, scope, strings.Join(jobs, ","))
-	var st stateFileV1
+	var st statefile.File
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatal(err)
 	}

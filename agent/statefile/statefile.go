@@ -1,0 +1,97 @@
+// Package statefile is the agent's saved state: which job, step and user
+// each kernel entry belongs to, kept across agent restarts. The agent
+// writes it; `gpufence status` reads it.
+package statefile
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Version is bumped when the file's meaning changes; an unknown version is
+// not read.
+const Version = 1
+
+// File is the state file's content.
+type File struct {
+	Version int    `json:"version"`
+	Scope   string `json:"scope,omitempty"`
+	Jobs    []Job  `json:"jobs"`
+}
+
+// Job is one job on the node.
+type Job struct {
+	ID       uint32    `json:"id"`
+	UID      uint32    `json:"uid"`
+	GPUs     []int     `json:"gpus"`
+	Broken   string    `json:"broken,omitempty"`
+	NoProlog bool      `json:"no_prolog,omitempty"`
+	Dir      string    `json:"dir,omitempty"`
+	Created  time.Time `json:"created"`
+	Steps    []Step    `json:"steps,omitempty"`
+}
+
+// Step is one registered step and the cgroup its kernel entry is keyed by.
+type Step struct {
+	ID       uint32 `json:"id"`
+	UID      uint32 `json:"uid"`
+	CgroupID uint64 `json:"cgroup_id"`
+	Cgroup   string `json:"cgroup"`
+	GPUs     []int  `json:"gpus"`
+}
+
+// Read reads path; exists is false (and err nil) when there is no file.
+func Read(path string) (f *File, exists bool, err error) {
+	if path == "" {
+		return nil, false, nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, true, err
+	}
+	var st File
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, true, fmt.Errorf("%s: %w", path, err)
+	}
+	if st.Version != Version {
+		return nil, true, fmt.Errorf("%s: state version %d, this gpufence reads %d", path, st.Version, Version)
+	}
+	return &st, true, nil
+}
+
+// Write replaces path atomically (temp file, fsync, rename), so a crash
+// leaves either the old or the new file.
+func Write(path string, f File) error {
+	f.Version = Version
+	b, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".state-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
