@@ -48,6 +48,7 @@ type Filter interface {
 	ForgetRate(cgroupID uint64) error
 	Lost() (uint64, error)
 	SetAuditOnly(on bool) error
+	Policies() (map[uint64]devfilter.Policy, error)
 	Close() error
 }
 
@@ -534,6 +535,7 @@ func (d *Daemon) Reconcile() {
 	if changed {
 		d.saveLocked()
 	}
+	d.sweepOrphansLocked()
 	if d.filter == nil {
 		if scope := d.findScope(); scope != "" {
 			if err := d.attachLocked(scope); err != nil {

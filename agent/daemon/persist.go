@@ -89,3 +89,41 @@ func (d *Daemon) cleanStaleLocked(scope string) {
 			})
 	}
 }
+
+// sweepOrphansLocked removes kernel entries that no known step owns and
+// whose cgroup is gone: entries of steps whose attribution was lost (state
+// file lost while jobs ran) would otherwise stay until the next start.
+// d.mu is held.
+func (d *Daemon) sweepOrphansLocked() {
+	if d.filter == nil {
+		return
+	}
+	entries, err := d.filter.Policies()
+	if err != nil {
+		d.log.Error("list kernel entries", "err", err)
+		return
+	}
+	for id := range entries {
+		if _, known := d.owners[id]; known {
+			continue
+		}
+		if exists, err := devfilter.CgroupExists(id); err != nil || exists {
+			continue
+		}
+		if err := d.filter.Remove(devfilter.Cgroup{ID: id}); err != nil {
+			d.log.Error("remove orphaned kernel entry", "cgroup_id", id, "err", err)
+			continue
+		}
+		d.supp.mu.Lock()
+		if d.supp.forget == nil {
+			d.supp.forget = map[uint64]owner{}
+		}
+		d.supp.forget[id] = owner{}
+		d.supp.mu.Unlock()
+		d.log.Info("orphaned kernel entry removed", "cgroup_id", id)
+		d.lifecycle(audit.EventStaleEntryRemoved, audit.SeverityNotice,
+			fmt.Sprintf("removed the kernel entry of cgroup %d, which no longer exists and no known step owned", id), func(r *audit.Record) {
+				r.CgroupID = id
+			})
+	}
+}
