@@ -113,13 +113,7 @@ func runAgent(args []string, _, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpufence agent: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	explicit := false
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "config" {
-			explicit = true
-		}
-	})
-	cfg, err := config.Load(*cfgPath, explicit)
+	cfg, err := loadConfig(fs, *cfgPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpufence agent: %v\n", err)
 		return 2
@@ -160,7 +154,7 @@ func runAgent(args []string, _, stderr io.Writer) int {
 	}
 	log := newLogger(cfg, stderr)
 	reload := func() (config.Config, error) {
-		c, err := config.Load(*cfgPath, explicit)
+		c, err := loadConfig(fs, *cfgPath)
 		if err != nil {
 			return c, err
 		}
@@ -177,6 +171,14 @@ func runAgent(args []string, _, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// loadConfig reads the configuration file named by --config over the
+// defaults; a missing file is an error only when --config was given.
+func loadConfig(fs *flag.FlagSet, path string) (config.Config, error) {
+	explicit := false
+	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "config" })
+	return config.Load(path, explicit)
 }
 
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {

@@ -57,14 +57,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpufence status: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	explicit := false
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "config":
-			explicit = true
-		}
-	})
-	cfg, err := config.Load(*cfgPath, explicit)
+	cfg, err := loadConfig(fs, *cfgPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpufence status: %v\n", err)
 		return 2
