@@ -707,54 +707,40 @@ func TestPrivilegedPerCgroupMode(t *testing.T) {
 	}
 }
 
-// TestPrivilegedAgentKilled: kill -9 of the agent while a job probes every
-// GPU in a loop. Before, during and after, the probe never opens a GPU the
-// job was not given, and always opens its own; the restarted agent adopts
-// the pinned filter and the saved jobs, so a later step of the running job
-// gets the job's GPU.
-func TestPrivilegedAgentKilled(t *testing.T) {
-	st := get(t)
+// probeAcross runs a batch job that probes every GPU loops times, calls
+// disrupt once the probe is under way, then lets the job start one more
+// srun step. It returns the job id, the step's own GPUs (the step's
+// isolation already checked) and how often each "PATH RESULT" line occurred.
+func (st *suite) probeAcross(t *testing.T, name string, loops int, sleep string, disrupt func(id string)) (string, []int, map[string]int) {
+	t.Helper()
 	work := filepath.Join(st.c.Root(), "work")
-	marker := filepath.Join(work, fmt.Sprintf("restarted-%d", time.Now().UnixNano()))
-	out := filepath.Join(work, "killed.$SLURM_JOB_ID")
-	script := fmt.Sprintf("%s -loop 1500 -sleep 4ms %s > %s.probe\nwhile [ ! -e %s ]; do sleep 0.1; done\nsrun --gres=gpu:1 %s -env %s > %s.step\n",
-		st.open, strings.Join(st.c.DevPaths(), " "), out, marker, st.open, strings.Join(st.paths(), " "), out)
-	f := filepath.Join(work, fmt.Sprintf("killed-%d.sh", time.Now().UnixNano()))
+	marker := filepath.Join(work, fmt.Sprintf("%s-go-%d", name, time.Now().UnixNano()))
+	out := filepath.Join(work, name+".$SLURM_JOB_ID")
+	script := fmt.Sprintf("%s -loop %d -sleep %s %s > %s.probe\nwhile [ ! -e %s ]; do sleep 0.1; done\nsrun --gres=gpu:1 %s -env %s > %s.step\n",
+		st.open, loops, sleep, strings.Join(st.c.DevPaths(), " "), out, marker, st.open, strings.Join(st.paths(), " "), out)
+	f := filepath.Join(work, fmt.Sprintf("%s-%d.sh", name, time.Now().UnixNano()))
 	if err := os.WriteFile(f, []byte("#!/bin/sh\n"+script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	r := st.c.Run(st.ctx, user, "sbatch", "--parsable", "--gres=gpu:1", "-o", filepath.Join(work, "killed-%j.out"), f)
+	r := st.c.Run(st.ctx, user, "sbatch", "--parsable", "--gres=gpu:1", "-o", filepath.Join(work, name+"-%j.out"), f)
 	mustOK(t, r)
 	id := strings.TrimSpace(r.Stdout)
 	probe := strings.ReplaceAll(out, "$SLURM_JOB_ID", id) + ".probe"
-	// Kill the agent once the probe is running.
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if b, _ := os.ReadFile(probe); len(b) > 2000 {
+		if b, _ := os.ReadFile(probe); len(b) > 1000 {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := syscall.Kill(st.agent.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(time.Second)
-	if err := st.startAgent(); err != nil {
-		t.Fatal(err)
-	}
-	// While the job still runs, status lists it, consistent.
-	var code int
-	st.statusAfterRestart, code = st.status(t)
-	if code != 0 {
-		t.Errorf("gpufence status exit %d after the restart:\n%s", code, st.statusAfterRestart)
-	}
+	disrupt(id)
 	if err := os.WriteFile(marker, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	state, err := st.c.WaitJob(st.ctx, id)
-	log, _ := os.ReadFile(filepath.Join(work, "killed-"+id+".out"))
+	log, _ := os.ReadFile(filepath.Join(work, name+"-"+id+".out"))
 	if err != nil || state != "COMPLETED" {
-		t.Fatalf("job %s: %q %v\n%s", id, state, err, log)
+		t.Fatalf("job %s (%s): %q %v\n%s", id, name, state, err, log)
 	}
 	b, err := os.ReadFile(probe)
 	if err != nil {
@@ -767,6 +753,31 @@ func TestPrivilegedAgentKilled(t *testing.T) {
 	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		tally[l]++
 	}
+	return id, own, tally
+}
+
+// TestPrivilegedAgentKilled: kill -9 of the agent while a job probes every
+// GPU in a loop. Before, during and after, the probe never opens a GPU the
+// job was not given, and always opens its own; the restarted agent adopts
+// the pinned filter and the saved jobs, so a later step of the running job
+// gets the job's GPU.
+func TestPrivilegedAgentKilled(t *testing.T) {
+	st := get(t)
+	id, own, tally := st.probeAcross(t, "killed", 1500, "4ms", func(string) {
+		if err := syscall.Kill(st.agent.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if err := st.startAgent(); err != nil {
+			t.Fatal(err)
+		}
+		// While the job still runs, status lists it, consistent.
+		var code int
+		st.statusAfterRestart, code = st.status(t)
+		if code != 0 {
+			t.Errorf("gpufence status exit %d after the restart:\n%s", code, st.statusAfterRestart)
+		}
+	})
 	for i, p := range st.c.DevPaths() {
 		want, other := "EPERM", "ENXIO"
 		if slices.Contains(own, i) {
@@ -951,43 +962,11 @@ func TestPrivilegedLostStateRecovered(t *testing.T) {
 // isolation holds throughout, and its later steps are still registered.
 func TestPrivilegedSlurmdRestart(t *testing.T) {
 	st := get(t)
-	work := filepath.Join(st.c.Root(), "work")
-	marker := filepath.Join(work, fmt.Sprintf("slurmd-restarted-%d", time.Now().UnixNano()))
-	out := filepath.Join(work, "sdrestart.$SLURM_JOB_ID")
-	script := fmt.Sprintf("%s -loop 800 -sleep 5ms %s > %s.probe\nwhile [ ! -e %s ]; do sleep 0.1; done\nsrun --gres=gpu:1 %s -env %s > %s.step\n",
-		st.open, strings.Join(st.c.DevPaths(), " "), out, marker, st.open, strings.Join(st.paths(), " "), out)
-	f := filepath.Join(work, fmt.Sprintf("sdrestart-%d.sh", time.Now().UnixNano()))
-	if err := os.WriteFile(f, []byte("#!/bin/sh\n"+script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	r := st.c.Run(st.ctx, user, "sbatch", "--parsable", "--gres=gpu:1", "-o", filepath.Join(work, "sdrestart-%j.out"), f)
-	mustOK(t, r)
-	id := strings.TrimSpace(r.Stdout)
-	probe := strings.ReplaceAll(out, "$SLURM_JOB_ID", id) + ".probe"
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, _ := os.ReadFile(probe); len(b) > 1000 {
-			break
+	_, own, tally := st.probeAcross(t, "sdrestart", 800, "5ms", func(string) {
+		if err := st.c.RestartSlurmdBusy(); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := st.c.RestartSlurmdBusy(); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(marker, nil, 0o644)
-	state, err := st.c.WaitJob(st.ctx, id)
-	log, _ := os.ReadFile(filepath.Join(work, "sdrestart-"+id+".out"))
-	if err != nil || state != "COMPLETED" {
-		t.Fatalf("job %s across a slurmd restart: %q %v\n%s", id, state, err, log)
-	}
-	step := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".step")
-	own := gpusOf(t, step, "SLURM_STEP_GPUS")
-	st.expectGPUs(t, step, own)
-	b, _ := os.ReadFile(probe)
-	tally := map[string]int{}
-	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		tally[l]++
-	}
+	})
 	for i, p := range st.c.DevPaths() {
 		want := "EPERM"
 		if slices.Contains(own, i) {
