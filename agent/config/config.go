@@ -134,10 +134,7 @@ func (d Duration) String() string { return d.Duration.String() }
 
 // Default returns the documented defaults.
 func Default() Config {
-	slurmConf := "/etc/slurm/slurm.conf"
-	if env := os.Getenv("SLURM_CONF"); env != "" {
-		slurmConf = env
-	}
+	slurmConf := defaultSlurmConf(os.Getenv("SLURM_CONF"), slurmConfCandidates)
 	host, _ := os.Hostname()
 	host, _, _ = strings.Cut(host, ".")
 	return Config{
@@ -165,6 +162,25 @@ func Default() Config {
 			QueueSize:     4096,
 		},
 	}
+}
+
+// slurmConfCandidates are where Slurm's packages put slurm.conf: Debian's and
+// RPM builds' /etc/slurm, and ParallelCluster's /opt/slurm/etc (NFS-shared
+// from the head node).
+var slurmConfCandidates = []string{"/etc/slurm/slurm.conf", "/opt/slurm/etc/slurm.conf"}
+
+// defaultSlurmConf is $SLURM_CONF when set (Slurm's own override), else the
+// first candidate that exists, else the first candidate.
+func defaultSlurmConf(env string, candidates []string) string {
+	if env != "" {
+		return env
+	}
+	for _, c := range candidates {
+		if _, err := os.Stat(c); err == nil {
+			return c
+		}
+	}
+	return candidates[0]
 }
 
 // Load reads path over the defaults. A missing file at the default path is

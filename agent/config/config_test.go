@@ -67,3 +67,37 @@ func TestLoadMissing(t *testing.T) {
 		t.Error("missing explicit file gave no error")
 	}
 }
+
+func TestDefaultSlurmConf(t *testing.T) {
+	dir := t.TempDir()
+	etc := filepath.Join(dir, "etc/slurm/slurm.conf")
+	opt := filepath.Join(dir, "opt/slurm/etc/slurm.conf")
+	if err := os.MkdirAll(filepath.Dir(opt), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(opt, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, env, want string
+	}{
+		{"SLURM_CONF wins", "/x/slurm.conf", "/x/slurm.conf"},
+		{"only ParallelCluster's exists", "", opt},
+	} {
+		if got := defaultSlurmConf(tc.env, []string{etc, opt}); got != tc.want {
+			t.Errorf("%s: got %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(etc), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(etc, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := defaultSlurmConf("", []string{etc, opt}); got != etc {
+		t.Errorf("both exist: got %s, want %s", got, etc)
+	}
+	if got := defaultSlurmConf("", []string{filepath.Join(dir, "none"), filepath.Join(dir, "none2")}); got != filepath.Join(dir, "none") {
+		t.Errorf("none exists: got %s", got)
+	}
+}
