@@ -34,7 +34,7 @@ func (st *suite) startActivated(t *testing.T, sock *os.File) *activated {
 	}
 	defer out.Close()
 	// exec keeps the shell's pid, so $$ is the agent's pid, as systemd sets it.
-	cmd := exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@"`, filepath.Join(st.bin, "gpufence")}, args...)...)
+	cmd := exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@"`, st.gpufence}, args...)...)
 	cmd.ExtraFiles = []*os.File{sock}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

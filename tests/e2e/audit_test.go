@@ -130,7 +130,7 @@ func TestPrivilegedAuditRecords(t *testing.T) {
 		t.Errorf("policy_applied %v, policy_released %v for step 0: %+v", applied, released, recs)
 	}
 	// The CLI shows it to a person.
-	out, err := exec.Command(filepath.Join(st.bin, "gpufence"), "audit", "tail", "--file", st.auditFiles[len(st.auditFiles)-1],
+	out, err := exec.Command(st.gpufence, "audit", "tail", "--file", st.auditFiles[len(st.auditFiles)-1],
 		"--job", fmt.Sprint(job), "--denied").CombinedOutput()
 	if err != nil || strings.Count(string(out), "denied") < 3 || !strings.Contains(string(out), user) {
 		t.Errorf("gpufence audit tail --job %d --denied: %v\n%s", job, err, out)

@@ -36,7 +36,8 @@ const user = cluster.TestUser
 type suite struct {
 	c     *cluster.Cluster
 	agent *cluster.Process
-	bin   string // folder with gpufence, spank_gpufence.so, spank_gpufence_go.so
+	gpufence string // the gpufence binary under test
+	plugin   string // the SPANK entry; spank_gpufence_go.so lies beside it
 	open  string // gf-open in the cluster's root
 	sock  string
 	// starts counts agent starts; each writes its own audit file.
@@ -105,12 +106,13 @@ func start(t *testing.T) (*suite, error) {
 		cancel()
 		return nil, err
 	}
-	bin, err := binaries(ctx)
+	gf, plugin, err := binaries(ctx)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	st := &suite{bin: bin, ctx: ctx, cancel: cancel}
+	t.Logf("testing %s and %s", gf, plugin)
+	st := &suite{gpufence: gf, plugin: plugin, ctx: ctx, cancel: cancel}
 	c, err := cluster.Start(ctx, cluster.Options{Logf: t.Logf})
 	if err != nil {
 		cancel()
@@ -135,7 +137,7 @@ func start(t *testing.T) (*suite, error) {
 		return nil, err
 	}
 	// slurmd runs job_prolog only for plugins present when it started.
-	if err := c.WritePlugstack([]string{fmt.Sprintf("required %s/spank_gpufence.so socket=%s timeout=5", bin, st.sock)}); err != nil {
+	if err := c.WritePlugstack([]string{st.plugstackLine()}); err != nil {
 		st.stop()
 		return nil, err
 	}
@@ -150,22 +152,38 @@ func start(t *testing.T) (*suite, error) {
 	return st, nil
 }
 
-// binaries returns the folder with the product's binaries: GPUFENCE_BIN_DIR
-// (for example an installed package's /usr/lib/gpufence), else the tree's
-// bin/ freshly built with make.
-func binaries(ctx context.Context) (string, error) {
-	if d := os.Getenv("GPUFENCE_BIN_DIR"); d != "" {
-		return d, nil
+// binaries returns the gpufence binary and the SPANK plugin under test.
+// GPUFENCE_INSTALL_ROOT switches the suite to an installed package: the
+// files the .deb or .rpm put under that root (/ for this machine, or a
+// chroot the package was installed into), including the plugin link its
+// maintainer script made. Without it, the tree's bin/ is built with make.
+func binaries(ctx context.Context) (gpufence, plugin string, err error) {
+	if r := os.Getenv("GPUFENCE_INSTALL_ROOT"); r != "" {
+		gpufence = filepath.Join(r, "usr/sbin/gpufence")
+		plugin = filepath.Join(r, "usr/lib/gpufence/spank_gpufence.so")
+		for _, f := range []string{gpufence, plugin, filepath.Join(r, "usr/lib/gpufence/spank_gpufence_go.so")} {
+			// Stat follows the plugin link, which must resolve inside the root.
+			if _, err := os.Stat(f); err != nil {
+				return "", "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s: %w (is the package installed there?)", r, err)
+			}
+		}
+		return gpufence, plugin, nil
 	}
 	root, err := filepath.Abs("../..")
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	out, err := exec.CommandContext(ctx, "make", "-C", root, "build").CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("make build: %v\n%s", err, out)
+		return "", "", fmt.Errorf("make build: %v\n%s", err, out)
 	}
-	return filepath.Join(root, "bin"), nil
+	return filepath.Join(root, "bin", "gpufence"), filepath.Join(root, "bin", "spank_gpufence.so"), nil
+}
+
+// plugstackLine is the suite's usual plugstack.conf line; extra options
+// (key=value) are appended.
+func (st *suite) plugstackLine(extra ...string) string {
+	return strings.Join(append([]string{"required", st.plugin, "socket=" + st.sock, "timeout=5"}, extra...), " ")
 }
 
 // agentOpts are the settings an agent start differs by.
@@ -210,7 +228,7 @@ func (st *suite) startAgent(o ...agentOpts) error {
 	if err != nil {
 		return err
 	}
-	p, err := st.c.StartAgent(st.ctx, filepath.Join(st.bin, "gpufence"), args...)
+	p, err := st.c.StartAgent(st.ctx, st.gpufence, args...)
 	if err != nil {
 		return err
 	}
@@ -814,7 +832,7 @@ func TestPrivilegedAgentKilled(t *testing.T) {
 // status runs `gpufence status --json` against the suite's agent.
 func (st *suite) status(t *testing.T) (string, int) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(st.bin, "gpufence"), "status", "--json", "--socket", st.sock,
+	cmd := exec.Command(st.gpufence, "status", "--json", "--socket", st.sock,
 		"--pin-dir", filepath.Join(st.bpffs, "gpufence"), "--state-file", filepath.Join(st.c.Root(), "run", "agent-state.json"))
 	out, err := cmd.Output()
 	code := 0
@@ -836,11 +854,11 @@ func (st *suite) spool() string {
 // refuses still fails.
 func TestPrivilegedFailOpen(t *testing.T) {
 	st := get(t)
-	line := fmt.Sprintf("required %s/spank_gpufence.so socket=%s timeout=2 failure=open spool=%s", st.bin, st.sock, st.spool())
+	line := strings.Join([]string{"required", st.plugin, "socket=" + st.sock, "timeout=2", "failure=open", "spool=" + st.spool()}, " ")
 	if err := st.c.WritePlugstack([]string{line}); err != nil {
 		t.Fatal(err)
 	}
-	defer st.c.WritePlugstack([]string{fmt.Sprintf("required %s/spank_gpufence.so socket=%s timeout=5", st.bin, st.sock)})
+	defer st.c.WritePlugstack([]string{st.plugstackLine()})
 	if err := st.agent.Stop(); err != nil {
 		t.Fatal(err)
 	}
