@@ -130,3 +130,40 @@ func ForStep(job *Job, jobID, stepID uint32, stepGPUs *string) (Decision, error)
 func noProlog(jobID uint32) string {
 	return fmt.Sprintf("job %d has no prolog record on this node; the step gets no GPU", jobID)
 }
+
+// Devices is what holding one Slurm GPU index opens: a whole GPU's device
+// minor (/dev/nvidiaN), or for a MIG slice its parent GPU's minor and the
+// nvidia-caps minors of its GPU and compute instances. The slices of one GPU
+// share its minor; only their caps keep them apart.
+type Devices struct {
+	GPUMinor   uint32
+	CapsMinors []uint32
+}
+
+// DeviceSet is what a step may open: the union of its GPUs' devices,
+// ascending and without repeats. nvidiactl, nvidia-uvm and the other
+// devices CUDA needs are not narrowed and so not listed.
+type DeviceSet struct {
+	GPUMinors  []uint32
+	CapsMinors []uint32
+}
+
+// DevicesFor returns the devices of the GPU indices gpus (a step's
+// decision) from the node's table. An index the table lacks is an error:
+// the agent never guesses which device a GPU is.
+func DevicesFor(table map[int]Devices, gpus []int) (DeviceSet, error) {
+	set := DeviceSet{GPUMinors: []uint32{}, CapsMinors: []uint32{}}
+	for _, g := range gpus {
+		d, ok := table[g]
+		if !ok {
+			return DeviceSet{}, fmt.Errorf("GPU %d is not in this node's GPU table (gres.conf)", g)
+		}
+		set.GPUMinors = append(set.GPUMinors, d.GPUMinor)
+		set.CapsMinors = append(set.CapsMinors, d.CapsMinors...)
+	}
+	slices.Sort(set.GPUMinors)
+	slices.Sort(set.CapsMinors)
+	set.GPUMinors = slices.Compact(set.GPUMinors)
+	set.CapsMinors = slices.Compact(set.CapsMinors)
+	return set, nil
+}

@@ -9,20 +9,37 @@ import (
 
 // GPU is one GPU as Slurm numbers it on this node: Index is the global index
 // Slurm puts in SLURM_JOB_GPUS and SLURM_STEP_GPUS, Path its device file.
+//
+// A MIG slice is one gres record with MultipleFiles= (Slurm >= 21.08): the
+// parent GPU's /dev/nvidiaN and the nvidia-caps files of its GPU and compute
+// instances, all under one index. Slices of one GPU share its /dev/nvidiaN;
+// what keeps them apart is the caps files.
 type GPU struct {
 	Index int
-	Path  string
-	Type  string
+	// Path is the record's first file: the GPU, or for a MIG slice normally
+	// its parent GPU (devices.Resolve tells the files apart by device).
+	Path string
+	Type string
+	// Files are every device file of the record: Path alone for File=, all
+	// of MultipleFiles=.
+	Files []string
+	// MIG marks a MultipleFiles= record.
+	MIG bool
+	// Source is "file:line" of the record, for messages.
+	Source string
+
+	sortKey string
 }
 
 // ErrNoGPUs is returned when gres.conf configures no GPU for this node.
-var ErrNoGPUs = errors.New("no gpu with File= configured for this node")
+var ErrNoGPUs = errors.New("no gpu with File= or MultipleFiles= configured for this node")
 
 // ReadGresGPUs returns the GPU table of node from gres.conf at path, in
-// Slurm's own index order: records in file order, each File= range expanded
-// (common_node_config_load in Slurm). With AutoDetect, Slurm sorts the merged
-// list by device file name first, and so does this. GPUs that only
-// AutoDetect would find (no File=) cannot be listed from the file.
+// Slurm's own index order (common_node_config_load in Slurm): records in
+// file order, each file of a File= range one index, each MultipleFiles=
+// record one index. With AutoDetect, Slurm sorts the merged list by the
+// records' file strings first, and so does this. GPUs that only AutoDetect
+// would find (no File= or MultipleFiles=) cannot be listed from the file.
 func ReadGresGPUs(path, node string) ([]GPU, error) {
 	lines, err := ReadLines(path)
 	if err != nil {
@@ -47,35 +64,69 @@ func ReadGresGPUs(path, node string) ([]GPU, error) {
 		if !strings.EqualFold(name, "gpu") {
 			continue
 		}
-		file, ok := l.Get("File")
-		if !ok {
-			file, ok = l.Get("Files")
-		}
-		if !ok {
-			continue
-		}
-		files, err := ExpandHostlist(file)
-		if err != nil {
-			return nil, fmt.Errorf("%s:%d: File: %w", l.File, l.No, err)
-		}
+		src := fmt.Sprintf("%s:%d", l.File, l.No)
 		typ, _ := l.Get("Type")
-		for _, f := range files {
-			gpus = append(gpus, GPU{Path: f, Type: typ})
+		file, hasFile := l.Get("File")
+		if !hasFile {
+			file, hasFile = l.Get("Files")
+		}
+		multi, hasMulti := l.Get("MultipleFiles")
+		switch {
+		case hasFile && hasMulti:
+			return nil, fmt.Errorf("%s: File and MultipleFiles are mutually exclusive (as in Slurm)", src)
+		case hasMulti:
+			files, err := ExpandHostlist(multi)
+			if err != nil {
+				return nil, fmt.Errorf("%s: MultipleFiles: %w", src, err)
+			}
+			if len(files) < 2 {
+				return nil, fmt.Errorf("%s: MultipleFiles=%s names one file; Slurm refuses that (use File=)", src, multi)
+			}
+			gpus = append(gpus, GPU{Path: files[0], Type: typ, Files: files, MIG: true, Source: src, sortKey: multi})
+		case hasFile:
+			files, err := ExpandHostlist(file)
+			if err != nil {
+				return nil, fmt.Errorf("%s: File: %w", src, err)
+			}
+			for _, f := range files {
+				gpus = append(gpus, GPU{Path: f, Type: typ, Files: []string{f}, Source: src, sortKey: f})
+			}
 		}
 	}
 	if len(gpus) == 0 {
 		return nil, fmt.Errorf("%s (node %s): %w", path, node, ErrNoGPUs)
 	}
 	if autodetect {
-		sort.SliceStable(gpus, func(i, j int) bool { return natLess(gpus[i].Path, gpus[j].Path) })
+		sort.SliceStable(gpus, func(i, j int) bool { return natLess(gpus[i].sortKey, gpus[j].sortKey) })
 	}
-	seen := map[string]bool{}
-	for i := range gpus {
-		if seen[gpus[i].Path] {
-			return nil, fmt.Errorf("%s: device file %s listed twice", path, gpus[i].Path)
-		}
-		seen[gpus[i].Path] = true
+	// Slurm refuses a File= device listed twice; the files of a MIG record
+	// (its parent GPU above all) are exempt, but a GPU given out whole
+	// cannot also be split.
+	whole := map[string]string{}
+	for i, g := range gpus {
 		gpus[i].Index = i
+		if g.MIG {
+			continue
+		}
+		if prev, dup := whole[g.Path]; dup {
+			return nil, fmt.Errorf("%s: device file %s listed twice (first at %s)", g.Source, g.Path, prev)
+		}
+		whole[g.Path] = g.Source
+	}
+	for _, g := range gpus {
+		if !g.MIG {
+			continue
+		}
+		seen := map[string]bool{}
+		for _, f := range g.Files {
+			if seen[f] {
+				return nil, fmt.Errorf("%s: MultipleFiles lists %s twice", g.Source, f)
+			}
+			seen[f] = true
+			if prev, ok := whole[f]; ok {
+				return nil, fmt.Errorf("%s: %s is a whole GPU at %s and part of a MIG slice here; a GPU is either given out whole or split into slices", g.Source, f, prev)
+			}
+		}
 	}
 	return gpus, nil
 }

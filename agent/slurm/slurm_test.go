@@ -1,6 +1,7 @@
 package slurm
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -167,5 +168,81 @@ func TestParseJobGPUs(t *testing.T) {
 	}
 	if _, _, err := ParseJobGPUs("     Nodes=vm GRES=gpu:1(IDX:x)\n", "vm"); err == nil {
 		t.Error("bad IDX accepted")
+	}
+}
+
+func TestReadGresGPUsMIG(t *testing.T) {
+	type rec struct {
+		index int
+		path  string
+		files string
+		mig   bool
+		typ   string
+		line  int
+	}
+	tests := []struct {
+		name    string
+		body    string
+		want    []rec
+		wantErr string
+	}{
+		{name: "one whole GPU, one split into three slices (Slurm 21.08+ MultipleFiles)",
+			body: "Name=gpu Type=a100 File=/dev/nvidia0\n" +
+				"Name=gpu Type=1g.10gb MultipleFiles=/dev/nvidia1,/dev/nvidia-caps/nvidia-cap147,/dev/nvidia-caps/nvidia-cap148\n" +
+				"Name=gpu Type=1g.10gb MultipleFiles=/dev/nvidia1,/dev/nvidia-caps/nvidia-cap156,/dev/nvidia-caps/nvidia-cap157\n" +
+				"Name=gpu Type=2g.20gb MultipleFiles=/dev/nvidia1,/dev/nvidia-caps/nvidia-cap[165-166]\n",
+			want: []rec{
+				{0, "/dev/nvidia0", "/dev/nvidia0", false, "a100", 1},
+				{1, "/dev/nvidia1", "/dev/nvidia1 /dev/nvidia-caps/nvidia-cap147 /dev/nvidia-caps/nvidia-cap148", true, "1g.10gb", 2},
+				{2, "/dev/nvidia1", "/dev/nvidia1 /dev/nvidia-caps/nvidia-cap156 /dev/nvidia-caps/nvidia-cap157", true, "1g.10gb", 3},
+				{3, "/dev/nvidia1", "/dev/nvidia1 /dev/nvidia-caps/nvidia-cap165 /dev/nvidia-caps/nvidia-cap166", true, "2g.20gb", 4},
+			}},
+		{name: "slices before a File= range: one index per record, one per file",
+			body: "Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap12\nName=gpu File=/dev/nvidia[1-2]\n",
+			want: []rec{
+				{0, "/dev/nvidia0", "/dev/nvidia0 /dev/nvidia-caps/nvidia-cap12", true, "", 1},
+				{1, "/dev/nvidia1", "/dev/nvidia1", false, "", 2},
+				{2, "/dev/nvidia2", "/dev/nvidia2", false, "", 2},
+			}},
+		{name: "autodetect sorts records by their file strings",
+			body: "AutoDetect=nvml\nName=gpu MultipleFiles=/dev/nvidia1,/dev/nvidia-caps/nvidia-cap139\nName=gpu File=/dev/nvidia0\n",
+			want: []rec{
+				{0, "/dev/nvidia0", "/dev/nvidia0", false, "", 3},
+				{1, "/dev/nvidia1", "/dev/nvidia1 /dev/nvidia-caps/nvidia-cap139", true, "", 2},
+			}},
+		{name: "File and MultipleFiles on one line", body: "Name=gpu\nName=gpu File=/dev/nvidia0 MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap3\n",
+			wantErr: "gres.conf:2: File and MultipleFiles are mutually exclusive"},
+		{name: "MultipleFiles with one file", body: "Name=gpu MultipleFiles=/dev/nvidia0\n", wantErr: "gres.conf:1: MultipleFiles=/dev/nvidia0 names one file"},
+		{name: "a file twice in one slice", body: "Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap3,/dev/nvidia-caps/nvidia-cap3\n",
+			wantErr: "gres.conf:1: MultipleFiles lists /dev/nvidia-caps/nvidia-cap3 twice"},
+		{name: "a GPU whole and split", body: "Name=gpu File=/dev/nvidia[0-1]\nName=gpu MultipleFiles=/dev/nvidia1,/dev/nvidia-caps/nvidia-cap138\n",
+			wantErr: "gres.conf:2: /dev/nvidia1 is a whole GPU at"},
+		{name: "bad range", body: "Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap[5-3]\n", wantErr: "gres.conf:1: MultipleFiles: bad range"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := write(t, t.TempDir(), "gres.conf", tt.body)
+			got, err := ReadGresGPUs(p, "n1")
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d GPUs %+v, want %d", len(got), got, len(tt.want))
+			}
+			for i, w := range tt.want {
+				g := got[i]
+				wantSrc := fmt.Sprintf("%s:%d", p, w.line)
+				if g.Index != w.index || g.Path != w.path || strings.Join(g.Files, " ") != w.files || g.MIG != w.mig || g.Type != w.typ || g.Source != wantSrc {
+					t.Errorf("gpu %d = {index %d path %s files %v mig %v type %q source %s}, want %+v at %s",
+						i, g.Index, g.Path, g.Files, g.MIG, g.Type, g.Source, w, wantSrc)
+				}
+			}
+		})
 	}
 }

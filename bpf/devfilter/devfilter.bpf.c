@@ -3,9 +3,10 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //
 // gpufence device filter: a BPF_PROG_TYPE_CGROUP_DEVICE program that narrows
-// access to GPU-class devices (char devices of the NVIDIA major, minors 0..253)
-// by the Slurm job a task runs in. Every other device is allowed, always, so
-// the filter never fights systemd, Slurm or a container runtime.
+// access to GPU-class devices (char devices of the NVIDIA major, minors 0..253,
+// and of the nvidia-caps major, whose minors grant MIG instances) by the Slurm
+// job a task runs in. Every other device is allowed, always, so the filter
+// never fights systemd, Slurm or a container runtime.
 //
 // Two programs share one decision function; the loader loads only one:
 //
@@ -43,6 +44,22 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 // process and are never narrowed.
 #define GPU_MINOR_MAX 253
 
+// nvidia-caps minors (the driver's table, /proc/driver/nvidia-caps/mig-minors):
+// 0 nvlink fabric-mgmt, 1 mig config (create/destroy instances), 2 mig
+// monitor (see every instance), then per GPU 0..31 15 GPU instances, each an
+// access minor and 8 compute instance minors: up to 3 + 32 * 135 - 1 = 4322.
+// The bitmap holds 0..CAPS_MINOR_MAX; a policy never grants the first three
+// (only allow-all entries open them), nor anything above the bitmap.
+#define CAPS_WORDS 68
+#define CAPS_MINOR_MAX (CAPS_WORDS * 64 - 1)
+#define CAPS_MINOR_FIRST_ACCESS 3
+
+enum device_class {
+	CLASS_OTHER = 0,
+	CLASS_GPU = 1,
+	CLASS_CAPS = 2,
+};
+
 enum decision {
 	DECISION_DENIED = 1,
 	DECISION_ALLOWED = 2,
@@ -68,7 +85,9 @@ struct filter_config {
 	__u64 rate_window_ns;
 	// Events per rate key and window; the rest are counted as suppressed.
 	__u32 rate_burst;
-	__u32 _pad;
+	// Char major of /dev/nvidia-caps/nvidia-cap*; 0: unknown, not narrowed.
+	// (It took the place of padding, so the map keeps its size.)
+	__u32 caps_major;
 };
 
 struct policy {
@@ -79,6 +98,10 @@ struct policy {
 	__u32 _pad;
 	// Allowed minors of the NVIDIA major, bit n of minors[n/64].
 	__u64 minors[4];
+	// Allowed minors of the nvidia-caps major, bit n of caps[n/64]. Added
+	// after minors so that an entry of the older layout, zero-extended, is
+	// the same policy.
+	__u64 caps[CAPS_WORDS];
 };
 
 struct event {
@@ -122,9 +145,12 @@ struct {
 	__type(value, struct filter_config);
 } config SEC(".maps");
 
+// Not preallocated: a value is ~600 bytes, and a node holds tens of entries,
+// not 16384.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u64);
 	__type(value, struct policy);
 } policies SEC(".maps");
@@ -180,24 +206,34 @@ const enum audit_allowed *unused_audit_allowed __attribute__((unused));
 const struct rate_key *unused_rate_key __attribute__((unused));
 const struct rate_value *unused_rate_value __attribute__((unused));
 
-// gpu_minor returns the minor when the access is narrowed by gpufence, or -1.
-static __always_inline int gpu_minor(const struct bpf_cgroup_dev_ctx *ctx,
-				     const struct filter_config *cfg)
+// classify returns the class of a device as gpufence narrows it.
+static __always_inline int classify(const struct bpf_cgroup_dev_ctx *ctx,
+				    const struct filter_config *cfg)
 {
 	if ((ctx->access_type & 0xffff) != BPF_DEVCG_DEV_CHAR)
-		return -1;
-	if (ctx->major != cfg->nvidia_major || ctx->minor > GPU_MINOR_MAX)
-		return -1;
-	return (int)ctx->minor;
+		return CLASS_OTHER;
+	if (ctx->major == cfg->nvidia_major && ctx->minor <= GPU_MINOR_MAX)
+		return CLASS_GPU;
+	if (cfg->caps_major && ctx->major == cfg->caps_major)
+		return CLASS_CAPS;
+	return CLASS_OTHER;
 }
 
-static __always_inline int allowed(const struct policy *p, int minor)
+static __always_inline int allowed(const struct policy *p, int class,
+				   __u32 minor)
 {
 	if (!p)
 		return 0;
 	if (p->flags & POLICY_ALLOW_ALL)
 		return 1;
-	return (p->minors[(minor >> 6) & 3] >> (minor & 63)) & 1;
+	if (class == CLASS_GPU) {
+		if (minor > GPU_MINOR_MAX)
+			return 0;
+		return (p->minors[minor >> 6] >> (minor & 63)) & 1;
+	}
+	if (minor < CAPS_MINOR_FIRST_ACCESS || minor > CAPS_MINOR_MAX)
+		return 0;
+	return (p->caps[minor >> 6] >> (minor & 63)) & 1;
 }
 
 // count_per_cpu adds one to a per-CPU counter. Atomically: a cgroup program
@@ -318,14 +354,14 @@ static __always_inline void audit(const struct bpf_cgroup_dev_ctx *ctx,
 	bpf_ringbuf_submit(e, 0);
 }
 
-// decide returns the verdict for an access of a GPU minor under policy p
-// (NULL: none) of cgroup_id, and reports it as configured.
+// decide returns the verdict for an access of a narrowed device under policy
+// p (NULL: none) of cgroup_id, and reports it as configured.
 static __always_inline int decide(const struct bpf_cgroup_dev_ctx *ctx,
 				  const struct filter_config *cfg,
 				  const struct policy *p, __u64 cgroup_id,
-				  int minor, const int scope)
+				  int class, const int scope)
 {
-	if (allowed(p, minor)) {
+	if (allowed(p, class, ctx->minor)) {
 		if (cfg->audit_allowed == AUDIT_ALLOWED_FIRST)
 			audit(ctx, cfg, cgroup_id, DECISION_ALLOWED, 1, scope);
 		else if (cfg->audit_allowed == AUDIT_ALLOWED_ALL)
@@ -346,14 +382,14 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 	const struct filter_config *cfg = get_config();
 	const struct policy *p = 0;
 	__u64 id, id1, id2;
-	int minor;
+	int class;
 
 	// Unreachable (an array lookup of key 0 never fails); never narrow
 	// what cannot be classified.
 	if (!cfg)
 		return 1;
-	minor = gpu_minor(ctx, cfg);
-	if (minor < 0)
+	class = classify(ctx, cfg);
+	if (class == CLASS_OTHER)
 		return 1;
 
 	// A task above step level has no id2 (the helper returns 0).
@@ -367,7 +403,7 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 		if (p || !id2)
 			id = id1;
 	}
-	return decide(ctx, cfg, p, id, minor, 1);
+	return decide(ctx, cfg, p, id, class, 1);
 }
 
 SEC("cgroup/dev")
@@ -375,17 +411,17 @@ int devfilter_cgroup(struct bpf_cgroup_dev_ctx *ctx)
 {
 	const struct filter_config *cfg = get_config();
 	const struct policy *p;
-	int minor;
+	int class;
 
 	// Unreachable (an array lookup of key 0 never fails); never narrow
 	// what cannot be classified.
 	if (!cfg)
 		return 1;
-	minor = gpu_minor(ctx, cfg);
-	if (minor < 0)
+	class = classify(ctx, cfg);
+	if (class == CLASS_OTHER)
 		return 1;
 
 	// Never NULL for a program attached with cgroup storage.
 	p = bpf_get_local_storage(&storage, 0);
-	return decide(ctx, cfg, p, p->cgroup_id, minor, 0);
+	return decide(ctx, cfg, p, p->cgroup_id, class, 0);
 }

@@ -62,7 +62,7 @@ type devfilterFilterConfig struct {
 	AuditAllowed uint32
 	RateWindowNs uint64
 	RateBurst    uint32
-	Pad          uint32
+	CapsMajor    uint32
 }
 
 type devfilterPolicy struct {
@@ -71,6 +71,7 @@ type devfilterPolicy struct {
 	Flags    uint32
 	Pad      uint32
 	Minors   [4]uint64
+	Caps     [68]uint64
 }
 
 type devfilterRateKey struct {

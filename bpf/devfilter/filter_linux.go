@@ -206,6 +206,7 @@ func New(opts Options) (_ *Filter, err error) {
 		AuditAllowed: uint32(auditAllowedCodes[opts.AuditAllowed]),
 		RateWindowNs: uint64(opts.RateWindow),
 		RateBurst:    opts.RateBurst,
+		CapsMajor:    opts.CapsMajor,
 	}
 	// An adopted config map is read by the running program; it keeps its
 	// layout (else it is not adopted), and only the option words change.
@@ -254,7 +255,7 @@ func New(opts Options) (_ *Filter, err error) {
 	f.adopted = prev != nil
 	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
 		"pin_dir", opts.PinDir, "adopted", f.adopted, "adopted_links", len(f.attached),
-		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "audit_only", opts.AuditOnly,
+		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor, "audit_only", opts.AuditOnly,
 		"audit_allowed", string(opts.AuditAllowed), "rate_window", opts.RateWindow, "rate_burst", opts.RateBurst)
 	return f, nil
 }
@@ -319,14 +320,16 @@ func encodePolicy(cg Cgroup, p Policy) (devfilterPolicy, error) {
 	if cg.ID == 0 {
 		return devfilterPolicy{}, errors.New("cgroup id 0")
 	}
-	b, err := p.bitmap()
+	gpus, caps, err := p.bitmaps()
 	if err != nil {
 		return devfilterPolicy{}, err
 	}
-	return devfilterPolicy{CgroupId: cg.ID, Flags: p.flags(), Minors: b}, nil
+	return devfilterPolicy{CgroupId: cg.ID, Flags: p.flags(), Minors: gpus, Caps: caps}, nil
 }
 
-func decodePolicy(v devfilterPolicy) Policy { return policyFromBitmap(v.Flags, v.Minors) }
+func decodePolicy(v devfilterPolicy) Policy {
+	return policyFromBitmaps(v.Flags, v.Minors[:], v.Caps[:])
+}
 
 func storageKey(id uint64) devfilterBpfCgroupStorageKey {
 	return devfilterBpfCgroupStorageKey{CgroupInodeId: id, AttachType: uint32(ebpf.AttachCGroupDevice)}
@@ -348,7 +351,7 @@ func (f *Filter) Set(cg Cgroup, p Policy) error {
 		if err := f.policies.Update(cg.ID, &v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("set device policy of cgroup %d: %w", cg.ID, err)
 		}
-		f.log.Debug("device policy set", "cgroup", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors)
+		f.log.Debug("device policy set", "cgroup", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors, "caps_minors", p.CapsMinors)
 		return nil
 	}
 
@@ -372,7 +375,7 @@ func (f *Filter) Set(cg Cgroup, p Policy) error {
 	if err := f.storage.Update(storageKey(cg.ID), &v, ebpf.UpdateExist); err != nil {
 		return fmt.Errorf("set device policy of cgroup %d: %w", cg.ID, err)
 	}
-	f.log.Debug("device policy set", "cgroup", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors)
+	f.log.Debug("device policy set", "cgroup", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors, "caps_minors", p.CapsMinors)
 	return nil
 }
 

@@ -43,7 +43,9 @@ type PinnedView struct {
 
 // PinnedConfig is the program's configuration as the config map holds it.
 type PinnedConfig struct {
-	NvidiaMajor  uint32
+	NvidiaMajor uint32
+	// CapsMajor is the nvidia-caps major the program narrows; 0: none.
+	CapsMajor    uint32
 	AuditOnly    bool
 	AuditAllowed AuditAllowed
 	RateWindow   time.Duration
@@ -124,7 +126,7 @@ func InspectPins(dir string) (*PinnedView, error) {
 		if err := m.Lookup(uint32(0), &c); err != nil {
 			fail("map config: %v", err)
 		} else {
-			v.Config = &PinnedConfig{NvidiaMajor: c.NvidiaMajor, AuditOnly: c.AuditOnly != 0,
+			v.Config = &PinnedConfig{NvidiaMajor: c.NvidiaMajor, CapsMajor: c.CapsMajor, AuditOnly: c.AuditOnly != 0,
 				RateWindow: time.Duration(c.RateWindowNs), RateBurst: c.RateBurst}
 			for name, code := range auditAllowedCodes {
 				if uint32(code) == c.AuditAllowed {
@@ -170,13 +172,17 @@ func InspectPins(dir string) (*PinnedView, error) {
 			v.Link = l
 		}
 		if m := open("policies"); m != nil {
-			var (
-				id  uint64
-				val devfilterPolicy
-			)
+			var id uint64
+			// Raw values: the map may still have an older layout.
+			val := make([]byte, m.ValueSize())
 			it := m.Iterate()
-			for it.Next(&id, &val) {
-				v.Entries[id] = PinnedEntry{CgroupID: id, Policy: decodePolicy(val)}
+			for it.Next(&id, val) {
+				p, err := decodePolicyValue(val)
+				if err != nil {
+					fail("map policies: cgroup %d: %v", id, err)
+					continue
+				}
+				v.Entries[id] = PinnedEntry{CgroupID: id, Policy: decodePolicy(p)}
 			}
 			if err := it.Err(); err != nil {
 				fail("map policies: %v", err)
@@ -207,8 +213,7 @@ func InspectPins(dir string) (*PinnedView, error) {
 		case l != nil && l.CgroupID == 0:
 			e.PolicyErr = "link defunct: its cgroup is gone"
 		default:
-			var val devfilterPolicy
-			if err := storage.Lookup(storageKey(id), &val); err != nil {
+			if val, err := lookupPolicy(storage, storageKey(id)); err != nil {
 				e.PolicyErr = err.Error()
 			} else {
 				e.Policy = decodePolicy(val)

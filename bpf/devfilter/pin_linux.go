@@ -1,6 +1,7 @@
 package devfilter
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -26,6 +27,12 @@ import (
 //
 // A pin is replaced by pinning the new object as <name>_new and renaming it
 // over <name>: the name never points at nothing.
+//
+// pinVersion is the layout of this directory (the names above), not of the
+// maps: a map whose key, value, size or flags changed is found by comparing
+// it with the new program's spec and replaced, its entries carried over
+// (policies zero-extended, see policyMaps). Bumping pinVersion would make a
+// new agent detach and drop everything an older one pinned.
 const (
 	pinStateName   = "state"
 	pinLinkName    = "link"
@@ -330,7 +337,7 @@ func (f *Filter) pinMaps(dir string, prev *pinned, reused map[string]*ebpf.Map, 
 		}
 		m := f.mapByName(n)
 		if prev != nil && prev.maps[n] != nil {
-			if err := copyEntries(prev.maps[n], m); err != nil {
+			if err := copyEntries(prev.maps[n], m, policyMaps[n]); err != nil {
 				f.log.Warn("device filter map entries not carried over", "map", n, "error", err)
 			}
 		}
@@ -373,23 +380,64 @@ func (f *Filter) mapByName(n string) *ebpf.Map {
 	return nil
 }
 
+// policyMaps are the maps whose value is struct policy. That struct only
+// grows at its end, and a zero tail grants nothing (the caps bitmap came
+// after the GPU bitmap), so an entry of an older layout is carried over
+// zero-extended: a step keeps its GPUs across the upgrade and gets no
+// capability it did not have.
+var policyMaps = map[string]bool{"policies": true, "storage": true}
+
+// policyLayout1Size is the size of struct policy in the first layout
+// (cgroup id, flags, GPU bitmap); no older value exists.
+const policyLayout1Size = 48
+
 // copyEntries copies the entries of a hash map into a new one whose keys
-// and values have the same sizes.
-func copyEntries(from, to *ebpf.Map) error {
+// have the same size and whose values have the same size or, with extend,
+// are an older, shorter layout of the same struct (zero-extended).
+func copyEntries(from, to *ebpf.Map, extend bool) error {
 	if from.Type() != ebpf.Hash || to.Type() != ebpf.Hash {
 		return nil
 	}
-	if from.KeySize() != to.KeySize() || from.ValueSize() != to.ValueSize() {
+	if from.KeySize() != to.KeySize() || from.ValueSize() > to.ValueSize() ||
+		(from.ValueSize() != to.ValueSize() && !extend) {
 		return fmt.Errorf("key or value size changed")
 	}
 	k, v := make([]byte, from.KeySize()), make([]byte, from.ValueSize())
+	nv := make([]byte, to.ValueSize())
 	it := from.Iterate()
 	for it.Next(k, v) {
-		if err := to.Put(k, v); err != nil {
+		copy(nv, v)
+		if err := to.Put(k, nv); err != nil {
 			return err
 		}
 	}
 	return it.Err()
+}
+
+// decodePolicyValue reads a struct policy of this layout or an older one,
+// zero-extended (see policyMaps).
+func decodePolicyValue(b []byte) (devfilterPolicy, error) {
+	var v devfilterPolicy
+	size := binary.Size(v)
+	if len(b) > size || len(b) < policyLayout1Size {
+		return v, fmt.Errorf("policy value of %d bytes: not a layout of %d to %d bytes", len(b), policyLayout1Size, size)
+	}
+	buf := make([]byte, size)
+	copy(buf, b)
+	if err := binary.Read(bytes.NewReader(buf), binary.NativeEndian, &v); err != nil {
+		return v, fmt.Errorf("decode policy value: %w", err)
+	}
+	return v, nil
+}
+
+// lookupPolicy reads the policy of key from m, whose value may have an
+// older layout.
+func lookupPolicy(m *ebpf.Map, key any) (devfilterPolicy, error) {
+	raw := make([]byte, m.ValueSize())
+	if err := m.Lookup(key, raw); err != nil {
+		return devfilterPolicy{}, err
+	}
+	return decodePolicyValue(raw)
 }
 
 // adoptCgroupLinks takes over the per-cgroup links of prev. When the
@@ -449,8 +497,12 @@ func (f *Filter) adoptCgroupLinks(prev *pinned, storageReused bool) error {
 			return fmt.Errorf("re-attach device filter to cgroup %d: %w", id, err)
 		}
 		var v devfilterPolicy
-		if om := prev.maps["storage"]; om != nil && om.ValueSize() == f.storage.ValueSize() {
-			if err := om.Lookup(storageKey(id), &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if om := prev.maps["storage"]; om != nil {
+			old, err := lookupPolicy(om, storageKey(id))
+			switch {
+			case err == nil:
+				v = old
+			case !errors.Is(err, ebpf.ErrKeyNotExist):
 				f.log.Warn("device policy not carried over; cgroup denied every GPU", "cgroup", id, "error", err)
 			}
 		}

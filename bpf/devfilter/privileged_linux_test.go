@@ -63,8 +63,8 @@ func childOpenAll(dir string) int {
 			}
 		}
 	}
-	for _, n := range testNodes {
-		fd, err := unix.Open(filepath.Join(dir, n.name), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	for _, name := range append(nodeNames(testNodes), capsNodeNames()...) {
+		fd, err := unix.Open(filepath.Join(dir, name), unix.O_RDWR|unix.O_CLOEXEC, 0)
 		var errno unix.Errno
 		if err == nil {
 			unix.Close(fd)
@@ -72,9 +72,17 @@ func childOpenAll(dir string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
-		fmt.Println(n.name, int(errno))
+		fmt.Println(name, int(errno))
 	}
 	return 0
+}
+
+func nodeNames(nodes []testNode) []string {
+	var out []string
+	for _, n := range nodes {
+		out = append(out, n.name)
+	}
+	return out
 }
 
 type testNode struct {
@@ -112,6 +120,9 @@ type fixture struct {
 	root   string
 	scope  string
 	devDir string
+	// capsMajor is the fake nvidia-caps major of the nodes under
+	// devDir/nvidia-caps (capsTestMinors).
+	capsMajor uint32
 }
 
 func requirePrivileges(t *testing.T) string {
@@ -174,6 +185,16 @@ func newFixture(t *testing.T) *fixture {
 		dev := unix.Mkdev(n.major, n.minor)
 		if err := unix.Mknod(filepath.Join(fx.devDir, n.name), unix.S_IFCHR|0o666, int(dev)); err != nil {
 			t.Fatalf("mknod %s: %v", n.name, err)
+		}
+	}
+	fx.capsMajor = fakeCapsMajor(t)
+	if err := os.Mkdir(filepath.Join(fx.devDir, "nvidia-caps"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range capsNodeNames() {
+		dev := unix.Mkdev(fx.capsMajor, capsTestMinors[i])
+		if err := unix.Mknod(filepath.Join(fx.devDir, name), unix.S_IFCHR|0o666, int(dev)); err != nil {
+			t.Fatalf("mknod %s: %v", name, err)
 		}
 	}
 	return fx
@@ -248,8 +269,8 @@ func (fx *fixture) openAll(t *testing.T, rel string) (int, map[string]unix.Errno
 		}
 		got[name] = unix.Errno(n)
 	}
-	if len(got) != len(testNodes) {
-		t.Fatalf("child output %q: want %d nodes", out, len(testNodes))
+	if want := len(testNodes) + len(capsTestMinors); len(got) != want {
+		t.Fatalf("child output %q: want %d nodes", out, want)
 	}
 	return cmd.Process.Pid, got
 }

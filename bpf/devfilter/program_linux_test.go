@@ -95,8 +95,21 @@ func TestGeneratedLayout(t *testing.T) {
 	if got := unsafe.Sizeof(devfilterRateKey{}); got != 24 {
 		t.Errorf("rate key is %d bytes, want 24", got)
 	}
-	if got := unsafe.Sizeof(devfilterPolicy{}); got != 48 {
-		t.Errorf("policy is %d bytes, want 48", got)
+	if got := unsafe.Sizeof(devfilterPolicy{}); got != 592 {
+		t.Errorf("policy is %d bytes, want 592", got)
+	}
+	if got := len(devfilterPolicy{}.Caps); got != capsWords {
+		t.Errorf("caps bitmap has %d words, capsWords is %d", got, capsWords)
+	}
+	// The layout only grew at its end (policyMaps): the first layout's
+	// fields keep their offsets.
+	if off := unsafe.Offsetof(devfilterPolicy{}.Caps); off != policyLayout1Size {
+		t.Errorf("caps bitmap at offset %d, want %d (after the first layout)", off, policyLayout1Size)
+	}
+	// caps_major took the place of padding: the config map keeps its size
+	// and is adopted across the upgrade.
+	if got := unsafe.Sizeof(devfilterFilterConfig{}); got != 32 {
+		t.Errorf("filter config is %d bytes, want 32", got)
 	}
 	if got := unsafe.Sizeof(devfilterBpfCgroupStorageKey{}); got != 16 {
 		t.Errorf("cgroup storage key is %d bytes, want 16 (struct bpf_cgroup_storage_key)", got)

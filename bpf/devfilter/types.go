@@ -1,6 +1,7 @@
 // Package devfilter loads gpufence's cgroup device filter into the kernel,
-// attaches it, writes per-cgroup GPU policies into its maps and reads the
-// events it reports. It decides nothing about jobs: which cgroup may use
+// attaches it, writes per-cgroup GPU policies (GPU minors of the NVIDIA
+// major, MIG capability minors of the nvidia-caps major) into its maps and
+// reads the events it reports. It decides nothing about jobs: which cgroup may use
 // which GPU is decided by the caller.
 package devfilter
 
@@ -38,6 +39,23 @@ const DefaultNvidiaMajor = 195
 // nvidia-modeset and 255 nvidiactl, which are never narrowed.
 const MaxGPUMinor = 253
 
+// MaxCapsMinor is the highest nvidia-caps minor a policy can grant. The
+// driver numbers its capabilities 0 (nvlink fabric-mgmt), 1 (MIG config), 2
+// (MIG monitor), then 135 per GPU for gpu0..gpu31 (15 GPU instances, each an
+// access minor and 8 compute instance minors): at most 4322. The program's
+// bitmap holds 68 words (0..4351); a larger minor is refused.
+const MaxCapsMinor = capsWords*64 - 1
+
+// FirstCapsAccessMinor is the lowest nvidia-caps minor a policy can grant:
+// below it are fabric-mgmt, MIG config and MIG monitor, which are node
+// administration (create and destroy MIG instances, watch every instance)
+// and only allow-all entries open.
+const FirstCapsAccessMinor = 3
+
+// capsWords is the length of the program's caps bitmap (CAPS_WORDS);
+// TestGeneratedLayout checks it against the generated struct.
+const capsWords = 68
+
 // maxMajor is the largest major a Linux dev_t can hold (12 bits).
 const maxMajor = 1<<12 - 1
 
@@ -52,6 +70,10 @@ type Options struct {
 	ScopeDir string
 	// NvidiaMajor is the char major of the GPU devices; 0 means 195.
 	NvidiaMajor uint32
+	// CapsMajor is the char major of /dev/nvidia-caps/nvidia-cap* (dynamic:
+	// "nvidia-caps" in /proc/devices). 0 leaves that major unnarrowed, for
+	// nodes whose driver has not registered it.
+	CapsMajor uint32
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
 	// AuditOnly allows every access and reports each one the policy would
@@ -115,6 +137,12 @@ func (o Options) validate() (Options, error) {
 	if o.NvidiaMajor > maxMajor {
 		return o, fmt.Errorf("devfilter options: NvidiaMajor %d: larger than %d", o.NvidiaMajor, maxMajor)
 	}
+	if o.CapsMajor > maxMajor {
+		return o, fmt.Errorf("devfilter options: CapsMajor %d: larger than %d", o.CapsMajor, maxMajor)
+	}
+	if o.CapsMajor != 0 && o.CapsMajor == o.NvidiaMajor {
+		return o, fmt.Errorf("devfilter options: CapsMajor %d: the same as NvidiaMajor", o.CapsMajor)
+	}
 	switch o.AuditAllowed {
 	case "":
 		o.AuditAllowed = AuditAllowedFirst
@@ -146,25 +174,37 @@ type Cgroup struct {
 	Path string
 }
 
-// Policy says which GPUs of the NVIDIA major a cgroup may open.
+// Policy says which GPU devices a cgroup may open.
 type Policy struct {
 	AllowAll bool
 	// GPUMinors are minors of the NVIDIA major, 0..253; sorted when returned.
 	GPUMinors []uint32
+	// CapsMinors are minors of the nvidia-caps major (MIG GPU and compute
+	// instance access), FirstCapsAccessMinor..MaxCapsMinor; sorted when
+	// returned.
+	CapsMinors []uint32
 }
 
 const policyAllowAll = 1 << 0
 
-// bitmap encodes the minors as the program reads them: bit n of word n/64.
-func (p Policy) bitmap() ([4]uint64, error) {
-	var b [4]uint64
+// bitmaps encodes the minors as the program reads them: bit n of word n/64.
+func (p Policy) bitmaps() (gpus [4]uint64, caps [capsWords]uint64, err error) {
 	for _, m := range p.GPUMinors {
 		if m > MaxGPUMinor {
-			return b, fmt.Errorf("GPU minor %d: larger than %d", m, MaxGPUMinor)
+			return gpus, caps, fmt.Errorf("GPU minor %d: larger than %d", m, MaxGPUMinor)
 		}
-		b[m/64] |= 1 << (m % 64)
+		gpus[m/64] |= 1 << (m % 64)
 	}
-	return b, nil
+	for _, m := range p.CapsMinors {
+		if m < FirstCapsAccessMinor {
+			return gpus, caps, fmt.Errorf("nvidia-caps minor %d: fabric-mgmt, MIG config and MIG monitor (0-%d) are never granted by a policy", m, FirstCapsAccessMinor-1)
+		}
+		if m > MaxCapsMinor {
+			return gpus, caps, fmt.Errorf("nvidia-caps minor %d: larger than %d, the most the filter's bitmap holds", m, MaxCapsMinor)
+		}
+		caps[m/64] |= 1 << (m % 64)
+	}
+	return gpus, caps, nil
 }
 
 func (p Policy) flags() uint32 {
@@ -174,16 +214,20 @@ func (p Policy) flags() uint32 {
 	return 0
 }
 
-func policyFromBitmap(flags uint32, b [4]uint64) Policy {
-	p := Policy{AllowAll: flags&policyAllowAll != 0}
-	for w, word := range b {
+func policyFromBitmaps(flags uint32, gpus []uint64, caps []uint64) Policy {
+	return Policy{AllowAll: flags&policyAllowAll != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
+}
+
+func bitsOf(words []uint64) []uint32 {
+	var out []uint32
+	for w, word := range words {
 		for word != 0 {
 			bit := bits.TrailingZeros64(word)
-			p.GPUMinors = append(p.GPUMinors, uint32(w*64+bit))
+			out = append(out, uint32(w*64+bit))
 			word &^= 1 << bit
 		}
 	}
-	return p
+	return out
 }
 
 // Access is the kernel's BPF_DEVCG_ACC_* bit set.

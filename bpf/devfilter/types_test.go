@@ -8,11 +8,18 @@ import (
 )
 
 func TestPolicyBitmap(t *testing.T) {
+	caps := func(set map[int]uint64) (b [capsWords]uint64) {
+		for w, v := range set {
+			b[w] = v
+		}
+		return b
+	}
 	tests := []struct {
-		name    string
-		policy  Policy
-		want    [4]uint64
-		wantErr string
+		name     string
+		policy   Policy
+		want     [4]uint64
+		wantCaps [capsWords]uint64
+		wantErr  string
 	}{
 		{name: "none", policy: Policy{}, want: [4]uint64{}},
 		{name: "minor 0", policy: Policy{GPUMinors: []uint32{0}}, want: [4]uint64{1}},
@@ -21,26 +28,35 @@ func TestPolicyBitmap(t *testing.T) {
 		{name: "duplicates", policy: Policy{GPUMinors: []uint32{3, 3, 1}}, want: [4]uint64{0b1010}},
 		{name: "modeset is not a GPU", policy: Policy{GPUMinors: []uint32{254}}, wantErr: "GPU minor 254"},
 		{name: "nvidiactl is not a GPU", policy: Policy{GPUMinors: []uint32{1, 255}}, wantErr: "GPU minor 255"},
+		{name: "MIG slice: parent GPU and its GI and CI caps", policy: Policy{GPUMinors: []uint32{1}, CapsMinors: []uint32{138, 139}},
+			want: [4]uint64{2}, wantCaps: caps(map[int]uint64{2: 1<<10 | 1<<11})},
+		{name: "caps word edges", policy: Policy{CapsMinors: []uint32{3, 63, 64, 4322, MaxCapsMinor}},
+			wantCaps: caps(map[int]uint64{0: 1<<3 | 1<<63, 1: 1, 67: 1<<34 | 1<<63})},
+		{name: "fabric-mgmt never granted", policy: Policy{CapsMinors: []uint32{0}}, wantErr: "nvidia-caps minor 0"},
+		{name: "MIG config never granted", policy: Policy{CapsMinors: []uint32{21, 1}}, wantErr: "nvidia-caps minor 1"},
+		{name: "MIG monitor never granted", policy: Policy{CapsMinors: []uint32{2}}, wantErr: "nvidia-caps minor 2"},
+		{name: "caps minor above the bitmap", policy: Policy{CapsMinors: []uint32{MaxCapsMinor + 1}}, wantErr: "larger than 4351"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := tt.policy.bitmap()
+			got, gotCaps, err := tt.policy.bitmaps()
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("bitmap() error = %v, want one containing %q", err, tt.wantErr)
+					t.Fatalf("bitmaps() error = %v, want one containing %q", err, tt.wantErr)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("bitmap(): %v", err)
+				t.Fatalf("bitmaps(): %v", err)
 			}
-			if got != tt.want {
-				t.Fatalf("bitmap() = %#x, want %#x", got, tt.want)
+			if got != tt.want || gotCaps != tt.wantCaps {
+				t.Fatalf("bitmaps() = %#x, caps %#x; want %#x, caps %#x", got, gotCaps, tt.want, tt.wantCaps)
 			}
-			back := policyFromBitmap(tt.policy.flags(), got)
+			back := policyFromBitmaps(tt.policy.flags(), got[:], gotCaps[:])
 			wantMinors := slices.Compact(slices.Sorted(slices.Values(tt.policy.GPUMinors)))
-			if !slices.Equal(back.GPUMinors, wantMinors) || back.AllowAll != tt.policy.AllowAll {
-				t.Fatalf("round trip = %+v, want minors %v", back, wantMinors)
+			wantCapsMinors := slices.Compact(slices.Sorted(slices.Values(tt.policy.CapsMinors)))
+			if !slices.Equal(back.GPUMinors, wantMinors) || !slices.Equal(back.CapsMinors, wantCapsMinors) || back.AllowAll != tt.policy.AllowAll {
+				t.Fatalf("round trip = %+v, want minors %v, caps %v", back, wantMinors, wantCapsMinors)
 			}
 		})
 	}
@@ -48,11 +64,11 @@ func TestPolicyBitmap(t *testing.T) {
 
 func TestPolicyAllowAllFlag(t *testing.T) {
 	p := Policy{AllowAll: true, GPUMinors: []uint32{2}}
-	b, err := p.bitmap()
+	b, c, err := p.bitmaps()
 	if err != nil {
 		t.Fatal(err)
 	}
-	back := policyFromBitmap(p.flags(), b)
+	back := policyFromBitmaps(p.flags(), b[:], c[:])
 	if !back.AllowAll || !slices.Equal(back.GPUMinors, []uint32{2}) {
 		t.Fatalf("round trip = %+v, want AllowAll with minor 2", back)
 	}
@@ -121,6 +137,9 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "scope needs scope", opts: Options{Mode: ModeScope}, wantErr: "ScopeDir is required"},
 		{name: "relative scope", opts: Options{ScopeDir: "system.slice/x.scope"}, wantErr: "not an absolute path"},
 		{name: "major too large", opts: Options{ScopeDir: "/a", NvidiaMajor: 4096}, wantErr: "NvidiaMajor 4096"},
+		{name: "caps major", opts: Options{ScopeDir: "/a", CapsMajor: 237}, wantMajor: 195},
+		{name: "caps major too large", opts: Options{ScopeDir: "/a", CapsMajor: 4096}, wantErr: "CapsMajor 4096"},
+		{name: "caps major is the NVIDIA major", opts: Options{ScopeDir: "/a", CapsMajor: 195}, wantErr: "the same as NvidiaMajor"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -35,6 +35,7 @@ type Options struct {
 	Root             string   // work folder; default: a new folder under /var/tmp
 	GPUs             int      // fake GPUs; default 4
 	ConstrainDevices bool     // cgroup.conf ConstrainDevices (Slurm's own device filter)
+	MIG              bool     // gres.conf in the MIG layout (see MIGSlices; needs GPUs 4)
 	Plugstack        []string // lines of plugstack.conf
 	ExtraSlurmConf   []string // lines appended to slurm.conf
 	Keep             bool     // keep Root at Stop (logs for a post-mortem)
@@ -63,6 +64,8 @@ type state struct {
 	GPUs               int        `json:"gpus"`
 	CPUs               int        `json:"cpus"`
 	ConstrainDevices   bool       `json:"constrain_devices"`
+	MIG                bool       `json:"mig"`
+	CapsMajor          uint32     `json:"caps_major"`
 	Plugstack          []string   `json:"plugstack"`
 	ExtraSlurmConf     []string   `json:"extra_slurm_conf"`
 	CtldPort           int        `json:"ctld_port"`
@@ -110,6 +113,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if o.GPUs > 64 {
 		return nil, fmt.Errorf("GPUs=%d: at most 64", o.GPUs)
 	}
+	if o.MIG && o.GPUs != migGPUs {
+		return nil, fmt.Errorf("MIG layout needs GPUs=%d (one whole GPU and %d slices), not %d", migGPUs, len(MIGSlices), o.GPUs)
+	}
 	if c.lock, err = takeLock(ctx); err != nil {
 		return nil, err
 	}
@@ -126,7 +132,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	host, _, _ = strings.Cut(host, ".")
 	c.st = state{
-		Host: host, GPUs: o.GPUs, CPUs: runtime.NumCPU(), ConstrainDevices: o.ConstrainDevices,
+		Host: host, GPUs: o.GPUs, CPUs: runtime.NumCPU(), ConstrainDevices: o.ConstrainDevices, MIG: o.MIG,
 		Plugstack: o.Plugstack, ExtraSlurmConf: o.ExtraSlurmConf, Keep: o.Keep,
 	}
 	if err := c.makeRoot(o.Root); err != nil {
@@ -273,7 +279,17 @@ func (c *Cluster) makeTree() error {
 	if err := touchOwned(c.path("logs/slurmctld.log"), slurmU); err != nil {
 		return err
 	}
-	for _, d := range fakeDevices(c.st.GPUs) {
+	devs, err := os.ReadFile("/proc/devices")
+	if err != nil {
+		return err
+	}
+	if c.st.CapsMajor, err = pickCapsMajor(string(devs)); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.path("dev/nvidia-caps"), 0o755); err != nil {
+		return err
+	}
+	for _, d := range append(fakeDevices(c.st.GPUs), fakeCapsDevices(c.st.CapsMajor)...) {
 		p := c.path("dev/" + d.Name)
 		dev := int((d.Major << 8) | (d.Minor & 0xff) | ((d.Minor &^ 0xff) << 12))
 		if err := syscall.Mknod(p, syscall.S_IFCHR|0o666, dev); err != nil {
@@ -353,7 +369,7 @@ func (c *Cluster) params() confParams {
 	return confParams{
 		Root: c.st.Root, Host: c.st.Host, CPUs: c.st.CPUs, GPUs: c.st.GPUs,
 		CtldPort: c.st.CtldPort, SlurmdPort: c.st.SlurmdPort, MungeSocket: c.mungeSocket(),
-		CgroupMount: c.st.CgroupMount, Constrain: c.st.ConstrainDevices,
+		CgroupMount: c.st.CgroupMount, Constrain: c.st.ConstrainDevices, MIG: c.st.MIG,
 		ExtraSlurm: c.st.ExtraSlurmConf, Plugstack: c.st.Plugstack,
 		ClusterName: "gpufence", SlurmUser: "slurm", KillWaitSecs: 5,
 	}
@@ -537,6 +553,44 @@ func (c *Cluster) RestartSlurmd(constrainDevices bool) error {
 	}
 	return c.saveState()
 }
+
+// SetMIG rewrites gres.conf in the MIG layout (on) or the plain one, and
+// slurm.conf's node Gres to match (typed in the MIG layout, or slurmd drops
+// the types), then restarts slurmctld and slurmd: slurmd reads gres.conf only
+// at start, and slurmctld 22.05 mixes up typed GRES after a reconfigure that
+// changes them. No job may run. Running agents keep the table they read at
+// their start.
+func (c *Cluster) SetMIG(on bool) error {
+	if on && c.st.GPUs != migGPUs {
+		return fmt.Errorf("MIG layout needs GPUs=%d, the cluster has %d", migGPUs, c.st.GPUs)
+	}
+	c.st.MIG = on
+	for _, p := range []*Process{c.st.Slurmd, c.st.Slurmctld} {
+		if err := p.Stop(); err != nil {
+			return fmt.Errorf("stop %s: %w", p.Name, err)
+		}
+	}
+	p := c.params()
+	if err := os.WriteFile(c.path("etc/gres.conf"), []byte(renderGresConf(p)), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(c.path("etc/slurm.conf"), []byte(renderSlurmConf(p)), 0o644); err != nil {
+		return err
+	}
+	if err := c.startSlurmctld(); err != nil {
+		return err
+	}
+	if err := c.startSlurmd(context.Background()); err != nil {
+		return fmt.Errorf("restart slurmd with the %s gres.conf: %w", map[bool]string{true: "MIG", false: "plain"}[on], err)
+	}
+	return c.saveState()
+}
+
+// CapsMajor is the fake nvidia-caps major of the MIG capability nodes.
+func (c *Cluster) CapsMajor() uint32 { return c.st.CapsMajor }
+
+// CapsPath is the fake /dev/nvidia-caps/nvidia-cap<minor>.
+func (c *Cluster) CapsPath(minor uint32) string { return c.path("dev/" + capsNodeName(minor)) }
 
 func (c *Cluster) saveState() error {
 	b, err := json.MarshalIndent(&c.st, "", "  ")

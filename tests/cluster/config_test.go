@@ -3,6 +3,7 @@ package cluster
 import (
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -194,5 +195,48 @@ func TestLastLines(t *testing.T) {
 	}
 	if got := lastLines("a\n", 5); got != "a" {
 		t.Errorf("lastLines = %q", got)
+	}
+}
+
+func TestRenderMIGGresConf(t *testing.T) {
+	p := testParams()
+	p.MIG = true
+	want := "Name=gpu Type=a100 File=/var/tmp/r/dev/nvidia0\n" +
+		"Name=gpu Type=1g.10gb MultipleFiles=/var/tmp/r/dev/nvidia1,/var/tmp/r/dev/nvidia-caps/nvidia-cap138,/var/tmp/r/dev/nvidia-caps/nvidia-cap139\n" +
+		"Name=gpu Type=1g.10gb MultipleFiles=/var/tmp/r/dev/nvidia1,/var/tmp/r/dev/nvidia-caps/nvidia-cap147,/var/tmp/r/dev/nvidia-caps/nvidia-cap148\n" +
+		"Name=gpu Type=1g.10gb MultipleFiles=/var/tmp/r/dev/nvidia1,/var/tmp/r/dev/nvidia-caps/nvidia-cap156,/var/tmp/r/dev/nvidia-caps/nvidia-cap157\n"
+	if got := renderGresConf(p); got != want {
+		t.Errorf("MIG gres.conf:\n%s\nwant:\n%s", got, want)
+	}
+	// slurm.conf names the same types, or slurmd drops them.
+	if n := strings.Count(want, "\n"); n != migGPUs || !strings.Contains(renderSlurmConf(p), " Gres=gpu:a100:1,gpu:1g.10gb:3 ") {
+		t.Errorf("MIG layout has %d records (want %d); slurm.conf:\n%s", n, migGPUs, renderSlurmConf(p))
+	}
+}
+
+func TestFakeCapsDevices(t *testing.T) {
+	got := fakeCapsDevices(236)
+	want := []fakeDevice{
+		{"nvidia-caps/nvidia-cap1", 236, 1}, {"nvidia-caps/nvidia-cap2", 236, 2},
+		{"nvidia-caps/nvidia-cap138", 236, 138}, {"nvidia-caps/nvidia-cap139", 236, 139},
+		{"nvidia-caps/nvidia-cap147", 236, 147}, {"nvidia-caps/nvidia-cap148", 236, 148},
+		{"nvidia-caps/nvidia-cap156", 236, 156}, {"nvidia-caps/nvidia-cap157", 236, 157},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("fakeCapsDevices(236) = %v, want %v", got, want)
+	}
+}
+
+func TestPickCapsMajor(t *testing.T) {
+	devs := "Character devices:\n  1 mem\n195 nvidia\n239 nvidia-caps\n238 x\n\nBlock devices:\n237 blk\n"
+	if m, err := pickCapsMajor(devs); err != nil || m != 237 {
+		t.Errorf("pickCapsMajor = %d, %v; want 237 (239, 238 taken; block majors do not count)", m, err)
+	}
+	full := "Character devices:\n"
+	for m := 230; m <= 239; m++ {
+		full += strconv.Itoa(m) + " x\n"
+	}
+	if _, err := pickCapsMajor(full); err == nil {
+		t.Error("pickCapsMajor found a major in a full range")
 	}
 }

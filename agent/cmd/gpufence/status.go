@@ -237,6 +237,8 @@ type kernelEntry struct {
 	Present   bool     `json:"present"`
 	AllowAll  bool     `json:"allow_all,omitempty"`
 	GPUMinors []uint32 `json:"gpu_minors,omitempty"`
+	// CapsMinors are the MIG capability minors (nvidia-caps major).
+	CapsMinors []uint32 `json:"caps_minors,omitempty"`
 	// LinkID is the per-cgroup link (per-cgroup mode).
 	LinkID uint32 `json:"link_id,omitempty"`
 	Error  string `json:"error,omitempty"`
@@ -355,7 +357,7 @@ func buildStatus(in statusInput) statusReport {
 						s.Problems = append(s.Problems, problem("%s: the kernel entry of cgroup %d is unreadable: %s", where, ss.CgroupID, e.PolicyErr))
 					case e.Policy.AllowAll:
 						s.Problems = append(s.Problems, problem("%s: the kernel allows every GPU to cgroup %d", where, ss.CgroupID))
-					case len(e.Policy.GPUMinors) != len(ss.GPUs):
+					case gpuCountMismatch(e.Policy, len(ss.GPUs)):
 						s.Problems = append(s.Problems, problem("%s: the kernel allows %d GPU(s) to cgroup %d, the state %d", where, len(e.Policy.GPUMinors), ss.CgroupID, len(ss.GPUs)))
 					}
 				}
@@ -410,12 +412,22 @@ func buildStatus(in statusInput) statusReport {
 	return r
 }
 
+// gpuCountMismatch says whether a kernel policy cannot be the one of a
+// step holding n GPU indices: one minor per whole GPU, but the MIG slices of
+// one GPU (a policy with capability minors) share its minor.
+func gpuCountMismatch(p devfilter.Policy, n int) bool {
+	if len(p.CapsMinors) == 0 {
+		return len(p.GPUMinors) != n
+	}
+	return len(p.GPUMinors) == 0 || len(p.GPUMinors) > n
+}
+
 func toKernelEntry(e devfilter.PinnedEntry, ok bool) kernelEntry {
 	k := kernelEntry{Present: ok}
 	if !ok {
 		return k
 	}
-	k.AllowAll, k.GPUMinors, k.Error = e.Policy.AllowAll, e.Policy.GPUMinors, e.PolicyErr
+	k.AllowAll, k.GPUMinors, k.CapsMinors, k.Error = e.Policy.AllowAll, e.Policy.GPUMinors, e.Policy.CapsMinors, e.PolicyErr
 	if e.Link != nil {
 		k.LinkID = e.Link.ID
 	}
@@ -605,7 +617,15 @@ func kernelLabel(k *kernelEntry) string {
 	for i, m := range k.GPUMinors {
 		parts[i] = strconv.FormatUint(uint64(m), 10)
 	}
-	return "minors " + strings.Join(parts, ",")
+	out := "minors " + strings.Join(parts, ",")
+	if len(k.CapsMinors) > 0 {
+		caps := make([]string, len(k.CapsMinors))
+		for i, m := range k.CapsMinors {
+			caps[i] = strconv.FormatUint(uint64(m), 10)
+		}
+		out += ", MIG caps " + strings.Join(caps, ",")
+	}
+	return out
 }
 
 // gatherStatus reads what buildStatus needs from this node.
