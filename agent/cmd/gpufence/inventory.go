@@ -1,0 +1,180 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"text/tabwriter"
+
+	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/inventory"
+	"github.com/gpufence/gpufence/agent/metrics"
+)
+
+// exitNoDriver is gpufence inventory's status when there is no NVIDIA
+// driver, so scripts can tell it from a failure.
+const exitNoDriver = 3
+
+// openInventory opens NVML as cfg.NVML says and lists the GPUs once. It
+// returns a nil inventory, and no error, when NVML is off or (auto) there
+// is no driver: the agent then works from gres.conf alone and says so once.
+func openInventory(cfg config.Config, log *slog.Logger) (*inventory.Inventory, []inventory.GPU, error) {
+	if cfg.NVML == config.NVMLOff {
+		log.Info("nvml: off; using Slurm's gres.conf table only")
+		return nil, nil, nil
+	}
+	inv, err := inventory.OpenSystem(inventory.Options{})
+	switch {
+	case errors.Is(err, inventory.ErrNoDriver) && cfg.NVML == config.NVMLAuto:
+		log.Info("no NVIDIA driver/NVML; using Slurm's gres.conf table only", "reason", err)
+		return nil, nil, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("nvml is %s: %w", cfg.NVML, err)
+	}
+	gpus, err := inv.GPUs()
+	if err != nil {
+		inv.Close()
+		return nil, nil, fmt.Errorf("NVML is loaded but listing the GPUs failed (nvml: off runs from gres.conf alone): %w", err)
+	}
+	log.Info("NVIDIA driver found through NVML", "gpus", len(gpus))
+	return inv, gpus, nil
+}
+
+// inventorySampler is inv as the metrics sampler, or a nil interface
+// without one (a nil *Inventory in the interface would not compare nil).
+func inventorySampler(inv *inventory.Inventory) metrics.Sampler {
+	if inv == nil {
+		return nil
+	}
+	return inv
+}
+
+// inventoryJSON is gpufence inventory --json: one object per GPU.
+type inventoryJSON struct {
+	Index      int       `json:"index"`
+	Minor      uint32    `json:"minor"`
+	UUID       string    `json:"uuid"`
+	PCIBusID   string    `json:"pci_bus_id"`
+	Name       string    `json:"name"`
+	MIGEnabled bool      `json:"mig_enabled"`
+	MIG        []migJSON `json:"mig"`
+	Usage      *struct {
+		UtilizationGPU *uint32 `json:"utilization_gpu_percent"`
+		MemoryUsed     uint64  `json:"memory_used_bytes"`
+		MemoryTotal    uint64  `json:"memory_total_bytes"`
+	} `json:"usage,omitempty"`
+}
+
+type migJSON struct {
+	Index      int    `json:"index"`
+	UUID       string `json:"uuid"`
+	Profile    string `json:"profile"`
+	GI         uint32 `json:"gi"`
+	CI         uint32 `json:"ci"`
+	GICapMinor uint32 `json:"gi_cap_minor"`
+	CICapMinor uint32 `json:"ci_cap_minor"`
+}
+
+func runInventory(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gpufence inventory", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON (one array of GPUs)")
+	usage := fs.Bool("usage", false, "also read each GPU's utilization and memory")
+	migMinors := fs.String("mig-minors", inventory.DefaultMIGMinorsPath, "the driver's nvidia-caps table of MIG capability minors")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: gpufence inventory [flags]\n\nLists the GPUs as the NVIDIA driver reports them through NVML: index, device minor, UUID, PCI bus id, name, MIG mode and MIG devices with their nvidia-caps minors. Exits %d when there is no driver.\n\nFlags:\n", exitNoDriver)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gpufence inventory: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	inv, err := inventory.OpenSystem(inventory.Options{MIGMinorsPath: *migMinors})
+	if err != nil {
+		fmt.Fprintf(stderr, "gpufence inventory: %v\n", err)
+		if errors.Is(err, inventory.ErrNoDriver) {
+			return exitNoDriver
+		}
+		return 1
+	}
+	defer inv.Close()
+	gpus, err := inv.GPUs()
+	if err != nil {
+		fmt.Fprintf(stderr, "gpufence inventory: %v\n", err)
+		return 1
+	}
+	var usages map[int]inventory.Usage
+	if *usage {
+		us, err := inv.Sample()
+		if err != nil {
+			fmt.Fprintf(stderr, "gpufence inventory: %v\n", err)
+			return 1
+		}
+		usages = map[int]inventory.Usage{}
+		for _, u := range us {
+			usages[u.Index] = u
+		}
+	}
+	if *asJSON {
+		out := make([]inventoryJSON, 0, len(gpus))
+		for _, g := range gpus {
+			j := inventoryJSON{Index: g.Index, Minor: g.Minor, UUID: g.UUID, PCIBusID: g.PCIBusID, Name: g.Name, MIGEnabled: g.MIGEnabled, MIG: []migJSON{}}
+			for _, m := range g.MIG {
+				j.MIG = append(j.MIG, migJSON(m))
+			}
+			if u, ok := usages[g.Index]; ok {
+				j.Usage = &struct {
+					UtilizationGPU *uint32 `json:"utilization_gpu_percent"`
+					MemoryUsed     uint64  `json:"memory_used_bytes"`
+					MemoryTotal    uint64  `json:"memory_total_bytes"`
+				}{MemoryUsed: u.MemoryUsed, MemoryTotal: u.MemoryTotal}
+				if u.UtilizationKnown {
+					j.Usage.UtilizationGPU = &u.UtilizationGPU
+				}
+			}
+			out = append(out, j)
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			fmt.Fprintf(stderr, "gpufence inventory: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	head := "INDEX\tMINOR\tUUID\tBUS ID\tNAME\tMIG"
+	if *usage {
+		head += "\tUTIL\tMEMORY USED/TOTAL"
+	}
+	fmt.Fprintln(tw, head)
+	for _, g := range gpus {
+		mig := "off"
+		if g.MIGEnabled {
+			mig = fmt.Sprintf("on (%d)", len(g.MIG))
+		}
+		line := fmt.Sprintf("%d\t%d\t%s\t%s\t%s\t%s", g.Index, g.Minor, g.UUID, g.PCIBusID, g.Name, mig)
+		if u, ok := usages[g.Index]; ok {
+			util := "n/a"
+			if u.UtilizationKnown {
+				util = fmt.Sprintf("%d%%", u.UtilizationGPU)
+			}
+			line += fmt.Sprintf("\t%s\t%d/%d MiB", util, u.MemoryUsed>>20, u.MemoryTotal>>20)
+		}
+		fmt.Fprintln(tw, line)
+		for _, m := range g.MIG {
+			fmt.Fprintf(tw, "  mig %d\t\t%s\t\t%s gi%d ci%d\tcaps %d,%d\n", m.Index, m.UUID, m.Profile, m.GI, m.CI, m.GICapMinor, m.CICapMinor)
+		}
+	}
+	tw.Flush()
+	return 0
+}
