@@ -99,6 +99,10 @@ func journalFields(r *Record) []journalField {
 	if r.GPU != nil {
 		f = append(f, journalField{"GPUFENCE_GPU_INDEX", strconv.Itoa(r.GPU.Index)})
 		add("GPUFENCE_GPU_UUID", r.GPU.UUID)
+		if r.GPU.MIG != nil {
+			f = append(f, journalField{"GPUFENCE_GPU_MIG", "1"})
+			add("GPUFENCE_GPU_MIG_PROFILE", r.GPU.MIG.Profile)
+		}
 	}
 	add("GPUFENCE_ACCESS", strings.Join(r.Access, ","))
 	num("GPUFENCE_SUPPRESSED", r.Suppressed)
@@ -113,6 +117,8 @@ func journalFields(r *Record) []journalField {
 	add("GPUFENCE_CGROUP", r.Cgroup)
 	add("GPUFENCE_REASON", r.Reason)
 	add("GPUFENCE_ERROR", r.Error)
+	num("GPUFENCE_IDLE_SECONDS", r.IdleSeconds)
+	num("GPUFENCE_IDLE_THRESHOLD", uint64(r.IdleThreshold))
 	if r.Loss != nil {
 		b, _ := json.Marshal(r.Loss)
 		f = append(f, journalField{"GPUFENCE_LOSS", string(b)})

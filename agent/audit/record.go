@@ -34,6 +34,9 @@ const (
 	// EventStepUnfiltered: the SPANK plugin let a step run without GPU
 	// isolation (failure=open, agent unreachable); recorded from its spool.
 	EventStepUnfiltered Event = "step_unfiltered"
+	// EventGPUIdle: a job held a GPU below the idle utilization threshold
+	// for longer than metrics.idle_audit_after (once per idle spell).
+	EventGPUIdle Event = "gpu_idle"
 )
 
 // Severity is the record's importance; it maps to syslog and journald priorities.
@@ -92,6 +95,9 @@ type Record struct {
 	Reason string `json:"reason,omitempty"`
 	Error  string `json:"error,omitempty"`
 	Loss   *Loss  `json:"loss,omitempty"`
+	// IdleSeconds and IdleThreshold (percent utilization): gpu_idle only.
+	IdleSeconds   uint64 `json:"idle_seconds,omitempty"`
+	IdleThreshold uint32 `json:"idle_threshold,omitempty"`
 }
 
 // Device is the device node an access was about.
@@ -105,6 +111,15 @@ type Device struct {
 type GPU struct {
 	Index int    `json:"index"`
 	UUID  string `json:"uuid,omitempty"`
+	// MIG is set when the index is a MIG slice (a MultipleFiles= record).
+	MIG *MIG `json:"mig,omitempty"`
+}
+
+// MIG describes the MIG slice behind a GPU index.
+type MIG struct {
+	// Profile is the slice's gres Type (e.g. 1g.10gb), where gres.conf
+	// names one.
+	Profile string `json:"profile,omitempty"`
 }
 
 // Loss counts records that were not written, since the previous audit_loss

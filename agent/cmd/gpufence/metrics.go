@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/daemon"
+	"github.com/gpufence/gpufence/agent/jobmap"
+	"github.com/gpufence/gpufence/agent/metrics"
+)
+
+// newExporter builds the metrics exporter and, when configured, the
+// dcgm-exporter job mapping directory. sampler is the NVML inventory, nil
+// where there is none. A mapping directory that cannot be made is logged,
+// not fatal: enforcement must not depend on observability.
+func newExporter(cfg config.Config, rec *audit.Pipeline, sampler metrics.Sampler, log *slog.Logger) *metrics.Exporter {
+	var jm *jobmap.Dir
+	if cfg.DCGMJobMappingDir != "" {
+		var err error
+		if jm, err = jobmap.New(cfg.DCGMJobMappingDir); err != nil {
+			log.Error("dcgm-exporter job mapping files will not be written", "err", err)
+		}
+	}
+	return metrics.New(metrics.Options{
+		Sampler:        sampler,
+		SampleInterval: cfg.Metrics.SampleInterval.Duration,
+		IdleThreshold:  cfg.Metrics.IdleThreshold,
+		IdleAuditAfter: cfg.Metrics.IdleAuditAfter.Duration,
+		Audit:          rec,
+		AuditStats:     rec.Stats,
+		JobMap:         jm,
+		Log:            log,
+	})
+}
+
+// startMetrics runs the exporter's sampling loop and, unless metrics.listen
+// is empty, its HTTP endpoint, both until ctx ends; the returned func waits
+// for them. A port that cannot be bound is logged, not fatal.
+func startMetrics(ctx context.Context, cfg config.Config, exp *metrics.Exporter, d *daemon.Daemon, log *slog.Logger) (wait func()) {
+	exp.Follow(d)
+	done := make(chan struct{}, 2)
+	n := 1
+	go func() { exp.Run(ctx); done <- struct{}{} }()
+	if cfg.Metrics.Listen != "" {
+		ln, err := net.Listen("tcp", cfg.Metrics.Listen)
+		if err != nil {
+			log.Error("metrics endpoint not started", "listen", cfg.Metrics.Listen, "err", err)
+		} else {
+			n++
+			log.Info("metrics endpoint listening", "listen", ln.Addr().String())
+			go func() {
+				if err := metrics.Serve(ctx, ln, exp.Handler(d.Healthy), log); err != nil {
+					log.Error("metrics endpoint stopped", "err", err)
+				}
+				done <- struct{}{}
+			}()
+		}
+	}
+	return func() {
+		for range n {
+			<-done
+		}
+	}
+}

@@ -1,0 +1,100 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/daemon"
+)
+
+// Tap counts the accesses in the records the daemon emits, and the kernel
+// ring buffer's losses, before handing both on to next. Counting here, ahead
+// of the audit queue, keeps the access counts right when the queue drops.
+func (e *Exporter) Tap(next daemon.Recorder) daemon.Recorder {
+	return tap{next: next, e: e}
+}
+
+type tap struct {
+	next daemon.Recorder
+	e    *Exporter
+}
+
+// Emit runs on the kernel event reader: two counter adds, no lock.
+func (t tap) Emit(r audit.Record) {
+	n := r.Suppressed
+	switch r.Event {
+	case audit.EventGPUAccess:
+		n++
+		fallthrough
+	case audit.EventAccessSuppressed:
+		c, ok := t.e.access[r.Decision]
+		if !ok {
+			c = t.e.accessVec.WithLabelValues(r.Decision)
+		}
+		c.Add(float64(n))
+		t.e.suppressed.Add(float64(r.Suppressed))
+	}
+	t.next.Emit(r)
+}
+
+func (t tap) ReportLoss(n uint64) {
+	t.e.kernelLost.Add(n)
+	t.next.ReportLoss(n)
+}
+
+// stateCollector reads the daemon's and the audit pipeline's own counters at
+// scrape time, so nothing is counted twice.
+type stateCollector struct {
+	e      *Exporter
+	daemon Daemon // guarded by e.mu
+}
+
+var (
+	descJobs     = prometheus.NewDesc(nameJobs, "Jobs the agent holds a record of (from their prolog, slurmctld or the saved state).", nil, nil)
+	descPolicies = prometheus.NewDesc(namePolicies, "Policy entries the agent keeps in the kernel filter: one per registered step (kind=step), one allow-all per exempt Slurm cgroup (kind=exempt).", []string{"kind"}, nil)
+	descAttached = prometheus.NewDesc(nameFilterAttached, "1 when the GPU device filter is attached; 0 until Slurm's slurmstepd scope exists or when attaching failed (GPU steps are then refused).", nil, nil)
+	descRecords  = prometheus.NewDesc(nameAuditRecords, "Audit records numbered and handed to the sinks (the last seq).", nil, nil)
+	descLost     = prometheus.NewDesc(nameAuditLost, "Audit records lost, by where: kernel (ring buffer full), queue (the agent's queue full), sink (a sink failed or its queue was full; summed over sinks).", []string{"where"}, nil)
+	descSink     = prometheus.NewDesc(nameAuditSink, "Audit records per sink, by result: written, failed (write error), dropped (the sink's queue was full).", []string{"sink", "result"}, nil)
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descJobs, descPolicies, descAttached, descRecords, descLost, descSink} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	c.e.mu.Lock()
+	d := c.daemon
+	c.e.mu.Unlock()
+	if d != nil {
+		n := d.Counts()
+		attached := 0.0
+		if n.FilterAttached {
+			attached = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descJobs, prometheus.GaugeValue, float64(n.Jobs))
+		ch <- prometheus.MustNewConstMetric(descPolicies, prometheus.GaugeValue, float64(n.Steps), "step")
+		ch <- prometheus.MustNewConstMetric(descPolicies, prometheus.GaugeValue, float64(n.Exempt), "exempt")
+		ch <- prometheus.MustNewConstMetric(descAttached, prometheus.GaugeValue, attached)
+	}
+	lost := func(where string, v uint64) {
+		ch <- prometheus.MustNewConstMetric(descLost, prometheus.CounterValue, float64(v), where)
+	}
+	lost("kernel", c.e.kernelLost.Load())
+	if c.e.opts.AuditStats == nil {
+		return
+	}
+	st := c.e.opts.AuditStats()
+	ch <- prometheus.MustNewConstMetric(descRecords, prometheus.CounterValue, float64(st.Emitted))
+	lost("queue", st.QueueDropped)
+	var sinkLost uint64
+	for name, s := range st.Sinks {
+		sinkLost += s.Failed + s.Dropped
+		ch <- prometheus.MustNewConstMetric(descSink, prometheus.CounterValue, float64(s.Written), name, "written")
+		ch <- prometheus.MustNewConstMetric(descSink, prometheus.CounterValue, float64(s.Failed), name, "failed")
+		ch <- prometheus.MustNewConstMetric(descSink, prometheus.CounterValue, float64(s.Dropped), name, "dropped")
+	}
+	lost("sink", sinkLost)
+}

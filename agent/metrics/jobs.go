@@ -1,0 +1,225 @@
+package metrics
+
+import (
+	"errors"
+	"fmt"
+	"os/user"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/daemon"
+	"github.com/gpufence/gpufence/agent/devices"
+	"github.com/gpufence/gpufence/agent/inventory"
+)
+
+// heldKey is one job holding one GPU (by its Slurm index).
+type heldKey struct {
+	job uint32
+	gpu int
+}
+
+// holding is the loop's state of one job+GPU. Its labels are fixed when the
+// job is first seen, so a series never changes labels in mid-job.
+type holding struct {
+	labels    []string
+	uid       uint32
+	name      string // the user's name, "" when the uid has none
+	gpu       devices.GPU
+	uuid      string
+	idleSince time.Time
+	reported  bool // a gpu_idle record went out for this idle spell
+}
+
+// Allocations implements daemon.Observer: it keeps the newest set and wakes
+// the loop, never blocking the daemon.
+func (e *Exporter) Allocations(a []daemon.Allocation) {
+	e.mu.Lock()
+	e.allocs = a
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// refresh makes the per-job series and the job mapping files match the
+// daemon's allocations: new job+GPU pairs get their series, those of ended
+// jobs are deleted, so the number of series is bounded by the jobs running.
+func (e *Exporter) refresh() {
+	e.mu.Lock()
+	allocs := e.allocs
+	e.mu.Unlock()
+	want := map[heldKey]bool{}
+	files := map[int][]uint32{}
+	for _, a := range allocs {
+		for _, g := range a.GPUs {
+			k := heldKey{a.JobID, g.Index}
+			want[k] = true
+			if _, ok := e.held[k]; !ok {
+				h := &holding{uid: a.UID, gpu: g, uuid: e.uuidByMinor[g.Minor]}
+				h.name = e.userName(a.UID)
+				label := h.name
+				if label == "" {
+					label = strconv.FormatUint(uint64(a.UID), 10)
+				}
+				h.labels = []string{strconv.FormatUint(uint64(a.JobID), 10), label, strconv.Itoa(g.Index), h.uuid}
+				e.allocated.WithLabelValues(h.labels...).Set(1)
+				e.held[k] = h
+			}
+			idx := e.dcgmIndex(g)
+			files[idx] = append(files[idx], a.JobID)
+		}
+	}
+	for k, h := range e.held {
+		if want[k] {
+			continue
+		}
+		for _, v := range []*prometheus.GaugeVec{e.allocated, e.util, e.memUsed, e.memTotal, e.idle} {
+			v.DeleteLabelValues(h.labels...)
+		}
+		delete(e.held, k)
+	}
+	if e.opts.JobMap == nil {
+		return
+	}
+	msg := ""
+	if err := e.opts.JobMap.Sync(files); err != nil {
+		msg = err.Error()
+	}
+	if msg != e.lastMapErr {
+		if msg != "" {
+			e.log.Error("dcgm-exporter job mapping files not updated", "err", msg)
+		} else {
+			e.log.Info("dcgm-exporter job mapping files updated again")
+		}
+		e.lastMapErr = msg
+	}
+}
+
+// dcgmIndex is the number dcgm-exporter gives a GPU (its gpu label, the
+// NVML index), which is what its mapping files are named by. Without NVML
+// the device minor stands in: the driver numbers /dev/nvidiaN like NVML
+// on the usual node, but not on every one.
+func (e *Exporter) dcgmIndex(g devices.GPU) int {
+	if i, ok := e.indexByMinor[g.Minor]; ok {
+		return i
+	}
+	return int(g.Minor)
+}
+
+// sample reads the GPUs once. A failed sample leaves no values (apply
+// deletes them) rather than stale ones.
+func (e *Exporter) sample() {
+	if e.opts.Sampler == nil {
+		return
+	}
+	us, err := e.opts.Sampler.Sample()
+	if err != nil {
+		e.byMinor = nil
+		if !errors.Is(err, inventory.ErrNoDriver) {
+			// A node without a driver is a state, not a failure.
+			e.sampleErrs.Inc()
+		}
+		if err.Error() != e.lastErr {
+			e.log.Warn("GPU utilization not sampled; per-job utilization, memory and idle series are absent", "err", err)
+			e.lastErr = err.Error()
+		}
+		return
+	}
+	if e.lastErr != "" {
+		e.log.Info("GPU utilization sampled again")
+		e.lastErr = ""
+	}
+	e.byMinor = make(map[uint32]inventory.Usage, len(us))
+	for _, u := range us {
+		e.byMinor[u.Minor] = u
+		e.indexByMinor[u.Minor] = u.Index
+		e.uuidByMinor[u.Minor] = u.UUID
+	}
+}
+
+// apply sets each held GPU's utilization, memory and idle time from the
+// last sample, and writes a gpu_idle record for a GPU idle for longer than
+// IdleAuditAfter, once per idle spell.
+func (e *Exporter) apply() {
+	now := e.opts.Now()
+	for k, h := range e.held {
+		u, ok := e.byMinor[h.gpu.Minor]
+		if !ok {
+			for _, v := range []*prometheus.GaugeVec{e.util, e.memUsed, e.memTotal, e.idle} {
+				v.DeleteLabelValues(h.labels...)
+			}
+			continue
+		}
+		e.memUsed.WithLabelValues(h.labels...).Set(float64(u.MemoryUsed))
+		e.memTotal.WithLabelValues(h.labels...).Set(float64(u.MemoryTotal))
+		if !u.UtilizationKnown {
+			// MIG-enabled GPUs report no utilization: no idle verdict either.
+			e.util.DeleteLabelValues(h.labels...)
+			e.idle.DeleteLabelValues(h.labels...)
+			h.idleSince, h.reported = time.Time{}, false
+			continue
+		}
+		e.util.WithLabelValues(h.labels...).Set(float64(u.UtilizationGPU) / 100)
+		if u.UtilizationGPU >= e.opts.IdleThreshold {
+			h.idleSince, h.reported = time.Time{}, false
+			e.idle.WithLabelValues(h.labels...).Set(0)
+			continue
+		}
+		// Idle from the first sample that showed it, so the figure errs
+		// short by at most one interval.
+		if h.idleSince.IsZero() {
+			h.idleSince = now
+		}
+		idle := now.Sub(h.idleSince)
+		e.idle.WithLabelValues(h.labels...).Set(idle.Seconds())
+		if e.opts.IdleAuditAfter > 0 && idle >= e.opts.IdleAuditAfter && !h.reported {
+			h.reported = true
+			e.idleRecord(k, h, idle)
+		}
+	}
+}
+
+func (e *Exporter) idleRecord(k heldKey, h *holding, idle time.Duration) {
+	e.idleEvents.Inc()
+	idle = idle.Truncate(time.Second)
+	e.log.Info("job holds an idle GPU", "job_id", k.job, "uid", h.uid, "gpu", k.gpu, "idle", idle, "threshold_percent", e.opts.IdleThreshold)
+	if e.opts.Audit == nil {
+		return
+	}
+	who := fmt.Sprintf("uid %d", h.uid)
+	if h.name != "" {
+		who = h.name
+	}
+	e.opts.Audit.Emit(audit.Record{
+		Event:    audit.EventGPUIdle,
+		Severity: audit.SeverityNotice,
+		Message: fmt.Sprintf("job %d (%s) has held GPU %d below %d%% utilization for %s",
+			k.job, who, k.gpu, e.opts.IdleThreshold, idle),
+		JobID:         k.job,
+		UID:           audit.UID(h.uid),
+		User:          h.name,
+		GPU:           &audit.GPU{Index: k.gpu, UUID: h.uuid},
+		IdleSeconds:   uint64(idle.Seconds()),
+		IdleThreshold: e.opts.IdleThreshold,
+	})
+}
+
+// userName resolves a uid once; NSS lookups can be slow, and they run on
+// the loop, never under the daemon's lock.
+func (e *Exporter) userName(uid uint32) string {
+	if n, ok := e.users[uid]; ok {
+		return n
+	}
+	n := ""
+	if e.opts.UserName != nil {
+		n = e.opts.UserName(uid)
+	} else if u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10)); err == nil {
+		n = u.Username
+	}
+	e.users[uid] = n
+	return n
+}

@@ -1,0 +1,284 @@
+// Package metrics exports the agent's state to Prometheus: access decisions,
+// audit loss, plugin request latency, and which job holds which GPU with its
+// utilization and idle time. It also keeps dcgm-exporter's job mapping files
+// and writes gpu_idle audit records. docs/metrics.md lists every series.
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/daemon"
+	"github.com/gpufence/gpufence/agent/inventory"
+	"github.com/gpufence/gpufence/agent/jobmap"
+	"github.com/gpufence/gpufence/agent/version"
+)
+
+// Sampler reads every GPU's utilization and memory; the NVML inventory
+// implements it.
+type Sampler interface {
+	Sample() ([]inventory.Usage, error)
+}
+
+// Recorder takes the gpu_idle audit records; *audit.Pipeline implements it.
+type Recorder interface {
+	Emit(r audit.Record)
+}
+
+// Options configures an Exporter. Zero values take the documented defaults.
+type Options struct {
+	// Sampler is nil where there is no NVML: then per-job utilization,
+	// memory and idle series are absent, gpufence_job_gpu_allocated is not.
+	Sampler Sampler
+	// SampleInterval is how often Sampler is read (default 15s).
+	SampleInterval time.Duration
+	// IdleThreshold is the utilization in percent below which an allocated
+	// GPU is idle (default 5).
+	IdleThreshold uint32
+	// IdleAuditAfter is how long a GPU may stay idle before a gpu_idle record
+	// goes to Audit; 0 writes none.
+	IdleAuditAfter time.Duration
+	// Audit receives gpu_idle records; nil drops them.
+	Audit Recorder
+	// AuditStats reads the audit pipeline's counters at scrape time.
+	AuditStats func() audit.Stats
+	// JobMap, when set, is kept in step with the jobs' GPUs.
+	JobMap *jobmap.Dir
+	// UserName resolves a uid for the user label (default: the system's
+	// user database, cached; the uid in decimal when it has no name).
+	UserName func(uid uint32) string
+	// Now is the clock (tests).
+	Now func() time.Time
+	Log *slog.Logger
+}
+
+// Exporter holds the agent's metrics in its own registry (never the
+// global one, so nothing a library registers leaks into the endpoint).
+type Exporter struct {
+	opts Options
+	log  *slog.Logger
+	reg  *prometheus.Registry
+
+	access     map[string]prometheus.Counter
+	accessVec  *prometheus.CounterVec
+	suppressed prometheus.Counter
+	kernelLost atomic.Uint64
+	reqDur     *prometheus.HistogramVec
+	reqs       *prometheus.CounterVec
+	sampleErrs prometheus.Counter
+	idleEvents prometheus.Counter
+
+	allocated, util, memUsed, memTotal, idle *prometheus.GaugeVec
+
+	state stateCollector
+
+	mu     sync.Mutex
+	allocs []daemon.Allocation
+	wake   chan struct{}
+
+	// Owned by the loop (Run, or a test calling refresh/sample directly).
+	held    map[heldKey]*holding
+	byMinor map[uint32]inventory.Usage // the last sample; nil after a failed one
+	// NVML's index and UUID of each device minor, from the last sample that
+	// had it: kept when a sample fails, so names and labels stay put.
+	indexByMinor map[uint32]int
+	uuidByMinor  map[uint32]string
+	lastErr      string
+	users        map[uint32]string
+	lastMapErr   string
+}
+
+// Metric names; docs/metrics.md describes each.
+const (
+	nameBuildInfo       = "gpufence_build_info"
+	nameJobs            = "gpufence_jobs"
+	namePolicies        = "gpufence_policies"
+	nameFilterAttached  = "gpufence_filter_attached"
+	nameAccess          = "gpufence_gpu_access_total"
+	nameSuppressed      = "gpufence_audit_suppressed_total"
+	nameAuditRecords    = "gpufence_audit_records_total"
+	nameAuditLost       = "gpufence_audit_records_lost_total"
+	nameAuditSink       = "gpufence_audit_sink_records_total"
+	nameReqDuration     = "gpufence_request_duration_seconds"
+	nameRequests        = "gpufence_requests_total"
+	nameAllocated       = "gpufence_job_gpu_allocated"
+	nameUtilization     = "gpufence_job_gpu_utilization_ratio"
+	nameMemUsed         = "gpufence_job_gpu_memory_used_bytes"
+	nameMemTotal        = "gpufence_job_gpu_memory_total_bytes"
+	nameIdle            = "gpufence_gpu_idle_seconds"
+	nameSampleErrors    = "gpufence_gpu_sample_errors_total"
+	nameIdleAuditEvents = "gpufence_gpu_idle_events_total"
+)
+
+// jobLabels label every per-job+GPU series: the Slurm job, its user, the
+// GPU's Slurm (gres) index and its UUID (empty without NVML).
+var jobLabels = []string{"job_id", "user", "gpu", "uuid"}
+
+// New builds an Exporter and registers its metrics; Run starts sampling.
+func New(o Options) *Exporter {
+	if o.SampleInterval <= 0 {
+		o.SampleInterval = 15 * time.Second
+	}
+	if o.IdleThreshold == 0 {
+		o.IdleThreshold = 5
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	e := &Exporter{
+		opts: o, log: o.Log.With("component", "metrics"), reg: prometheus.NewRegistry(),
+		wake: make(chan struct{}, 1), held: map[heldKey]*holding{}, users: map[uint32]string{},
+		indexByMinor: map[uint32]int{}, uuidByMinor: map[uint32]string{},
+	}
+	e.state.e = e
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        nameBuildInfo,
+		Help:        "Always 1; labels name the agent's version and the Go release it was built with.",
+		ConstLabels: prometheus.Labels{"version": version.Version, "goversion": runtime.Version()},
+	})
+	buildInfo.Set(1)
+	e.accessVec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: nameAccess,
+		Help: "GPU device opens the kernel filter reported, by decision (allowed, denied, would-deny): accesses, not records, since rate-limited ones are counted through the records' suppressed counts. Allowed opens are counted as far as audit.allowed reports them.",
+	}, []string{"decision"})
+	e.access = map[string]prometheus.Counter{}
+	for _, d := range []string{audit.DecisionAllowed, audit.DecisionDenied, audit.DecisionWouldDeny} {
+		e.access[d] = e.accessVec.WithLabelValues(d)
+	}
+	e.suppressed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: nameSuppressed,
+		Help: "GPU accesses the kernel counted without a record of their own (rate limit, audit.allowed: first); they are in gpufence_gpu_access_total too.",
+	})
+	e.reqDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    nameReqDuration,
+		Help:    "Time the agent took to answer one SPANK plugin request, by request type.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"type"})
+	e.reqs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: nameRequests,
+		Help: "SPANK plugin requests answered, by type and result (ok, or refused with an error).",
+	}, []string{"type", "result"})
+	for _, t := range requestTypes() {
+		e.reqDur.WithLabelValues(t)
+		e.reqs.WithLabelValues(t, resultOK)
+		e.reqs.WithLabelValues(t, resultRefused)
+	}
+	e.sampleErrs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: nameSampleErrors,
+		Help: "GPU utilization samples (NVML) that failed; utilization, memory and idle series are absent until one succeeds.",
+	})
+	e.idleEvents = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: nameIdleAuditEvents,
+		Help: "gpu_idle audit records written: a job held a GPU below metrics.idle_threshold for metrics.idle_audit_after.",
+	})
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, jobLabels)
+	}
+	e.allocated = gauge(nameAllocated, "1 for each GPU a running job holds by its trusted list (from its prolog); the series goes when the job ends.")
+	e.util = gauge(nameUtilization, "Share of the last NVML sample period in which a kernel ran on the job's GPU (0 to 1).")
+	e.memUsed = gauge(nameMemUsed, "Memory in use on the job's GPU, in bytes (the whole GPU: it is the job's alone).")
+	e.memTotal = gauge(nameMemTotal, "Memory of the job's GPU, in bytes.")
+	e.idle = gauge(nameIdle, "Seconds the job's GPU has stayed below metrics.idle_threshold utilization; 0 while busy.")
+	e.reg.MustRegister(buildInfo, e.accessVec, e.suppressed, e.reqDur, e.reqs, e.sampleErrs, e.idleEvents,
+		e.allocated, e.util, e.memUsed, e.memTotal, e.idle, &e.state,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return e
+}
+
+// Registry is the exporter's own registry.
+func (e *Exporter) Registry() *prometheus.Registry { return e.reg }
+
+// Daemon is what the exporter follows; *daemon.Daemon implements it.
+type Daemon interface {
+	SetObserver(o daemon.Observer)
+	Counts() daemon.Counts
+}
+
+// Follow reads d's jobs, steps and filter state at scrape time and its GPU
+// allocations as they change.
+func (e *Exporter) Follow(d Daemon) {
+	e.mu.Lock()
+	e.state.daemon = d
+	e.mu.Unlock()
+	d.SetObserver(e)
+}
+
+// healthTimeout is how long /healthz waits for the daemon's state.
+var healthTimeout = 2 * time.Second
+
+// Handler serves /metrics and /healthz. healthy returns once the daemon's
+// state can be taken (daemon.Healthy); /healthz answers 503 when it does not
+// within two seconds.
+func (e *Exporter) Handler(healthy func()) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{
+		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelError),
+		Registry:          e.reg,
+		Timeout:           10 * time.Second,
+		EnableOpenMetrics: true,
+	}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		done := make(chan struct{})
+		go func() {
+			if healthy != nil {
+				healthy()
+			}
+			close(done)
+		}()
+		select {
+		case <-done:
+			w.Write([]byte("ok\n"))
+		case <-time.After(healthTimeout):
+			http.Error(w, fmt.Sprintf("the agent's state has been locked for %s", healthTimeout), http.StatusServiceUnavailable)
+		case <-r.Context().Done():
+		}
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write([]byte("gpufence agent: /metrics, /healthz\n"))
+	})
+	return mux
+}
+
+// Run samples the GPUs every SampleInterval and follows allocation changes
+// until ctx ends.
+func (e *Exporter) Run(ctx context.Context) {
+	e.sample()
+	e.refresh()
+	e.apply()
+	var tick <-chan time.Time
+	if e.opts.Sampler != nil {
+		t := time.NewTicker(e.opts.SampleInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.wake:
+			e.refresh()
+		case <-tick:
+			e.sample()
+			e.refresh()
+			e.apply()
+		}
+	}
+}

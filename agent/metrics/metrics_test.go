@@ -1,0 +1,535 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/daemon"
+	"github.com/gpufence/gpufence/agent/devices"
+	"github.com/gpufence/gpufence/agent/inventory"
+	"github.com/gpufence/gpufence/agent/jobmap"
+	"github.com/gpufence/gpufence/agent/server"
+	"github.com/gpufence/gpufence/agent/slurm"
+	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
+)
+
+// fakeSampler returns what the test set, or an error.
+type fakeSampler struct {
+	mu    sync.Mutex
+	usage []inventory.Usage
+	err   error
+	calls int
+}
+
+func (f *fakeSampler) Sample() ([]inventory.Usage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	return f.usage, f.err
+}
+
+func (f *fakeSampler) set(err error, us ...inventory.Usage) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.usage, f.err = us, err
+}
+
+type records struct {
+	mu   sync.Mutex
+	recs []audit.Record
+	lost uint64
+}
+
+func (r *records) Emit(rec audit.Record) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, rec)
+}
+
+func (r *records) ReportLoss(n uint64) { r.lost += n }
+
+func (r *records) all() []audit.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]audit.Record{}, r.recs...)
+}
+
+// clock is a settable time.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time          { return c.t }
+func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
+func gpu(index int, minor uint32) devices.GPU {
+	return devices.GPU{GPU: slurm.GPU{Index: index, Path: fmt.Sprintf("/dev/nvidia%d", minor)}, Major: 195, Minor: minor}
+}
+
+func alloc(job, uid uint32, gpus ...devices.GPU) daemon.Allocation {
+	return daemon.Allocation{JobID: job, UID: uid, GPUs: gpus}
+}
+
+func users(uid uint32) string {
+	if uid == 1001 {
+		return "alice"
+	}
+	return ""
+}
+
+// series returns the values of a family's series whose labels include want.
+func series(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) []float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []float64
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if have[k] != v {
+					continue metric
+				}
+			}
+			out = append(out, value(m))
+		}
+	}
+	return out
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Histogram != nil:
+		return float64(m.GetHistogram().GetSampleCount())
+	}
+	return m.GetUntyped().GetValue()
+}
+
+// one returns the single series matching, failing when there is not exactly one.
+func one(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	v := series(t, reg, name, want)
+	if len(v) != 1 {
+		t.Fatalf("%s%v: %d series, want 1", name, want, len(v))
+	}
+	return v[0]
+}
+
+func TestAllocationSeriesFollowJobs(t *testing.T) {
+	e := New(Options{UserName: users})
+	e.Allocations([]daemon.Allocation{alloc(12, 1001, gpu(1, 1), gpu(3, 3)), alloc(13, 4242, gpu(0, 0))})
+	e.refresh()
+	reg := e.Registry()
+	if v := one(t, reg, nameAllocated, map[string]string{"job_id": "12", "user": "alice", "gpu": "3", "uuid": ""}); v != 1 {
+		t.Errorf("job 12 GPU 3 allocated = %v", v)
+	}
+	// A uid without a name is labelled with the number.
+	one(t, reg, nameAllocated, map[string]string{"job_id": "13", "user": "4242", "gpu": "0"})
+	if n := len(series(t, reg, nameAllocated, nil)); n != 3 {
+		t.Errorf("%d allocated series, want 3", n)
+	}
+	// Without a sampler there is nothing but the allocation.
+	for _, name := range []string{nameUtilization, nameMemUsed, nameIdle} {
+		if n := len(series(t, reg, name, nil)); n != 0 {
+			t.Errorf("%s: %d series without NVML", name, n)
+		}
+	}
+	e.Allocations([]daemon.Allocation{alloc(13, 4242, gpu(0, 0))})
+	e.refresh()
+	if n := len(series(t, reg, nameAllocated, map[string]string{"job_id": "12"})); n != 0 {
+		t.Errorf("job 12 ended but %d of its series remain", n)
+	}
+	e.Allocations(nil)
+	e.refresh()
+	if n := len(series(t, reg, nameAllocated, nil)); n != 0 {
+		t.Errorf("%d series after every job ended", n)
+	}
+}
+
+func TestIdleSecondsAndAuditRecord(t *testing.T) {
+	clk := &clock{t: time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC)}
+	smp := &fakeSampler{}
+	rec := &records{}
+	e := New(Options{Sampler: smp, IdleThreshold: 5, IdleAuditAfter: time.Minute, Audit: rec, UserName: users, Now: clk.now})
+	reg := e.Registry()
+	const uuid = "GPU-11111111-2222-3333-4444-555555555555"
+	usage := func(util uint32) inventory.Usage {
+		// NVML numbers this GPU 3; Slurm calls it 1 (/dev/nvidia1).
+		return inventory.Usage{Index: 3, Minor: 1, UUID: uuid, UtilizationGPU: util, UtilizationKnown: true, MemoryUsed: 1 << 30, MemoryTotal: 80 << 30}
+	}
+	tick := func(d time.Duration) {
+		clk.advance(d)
+		e.sample()
+		e.refresh()
+		e.apply()
+	}
+	lbl := map[string]string{"job_id": "12", "user": "alice", "gpu": "1", "uuid": uuid}
+	smp.set(nil, usage(0))
+	e.Allocations([]daemon.Allocation{alloc(12, 1001, gpu(1, 1))})
+	tick(0)
+	if v := one(t, reg, nameIdle, lbl); v != 0 {
+		t.Errorf("idle at the first idle sample = %v, want 0", v)
+	}
+	if v := one(t, reg, nameMemTotal, lbl); v != 80<<30 {
+		t.Errorf("memory total %v", v)
+	}
+	tick(30 * time.Second)
+	if v := one(t, reg, nameIdle, lbl); v != 30 {
+		t.Errorf("idle after 30s = %v", v)
+	}
+	if n := len(rec.all()); n != 0 {
+		t.Fatalf("%d records before idle_audit_after", n)
+	}
+	tick(30 * time.Second)
+	tick(30 * time.Second)
+	recs := rec.all()
+	if len(recs) != 1 {
+		t.Fatalf("%d gpu_idle records after 90s idle, want 1 (once per idle spell): %+v", len(recs), recs)
+	}
+	r := recs[0]
+	if r.Event != audit.EventGPUIdle || r.JobID != 12 || r.UID == nil || *r.UID != 1001 || r.User != "alice" ||
+		r.GPU == nil || r.GPU.Index != 1 || r.GPU.UUID != uuid || r.IdleSeconds != 60 || r.IdleThreshold != 5 ||
+		!strings.Contains(r.Message, "job 12") {
+		t.Errorf("gpu_idle record: %+v", r)
+	}
+	if v := one(t, reg, nameIdleAuditEvents, nil); v != 1 {
+		t.Errorf("%s = %v", nameIdleAuditEvents, v)
+	}
+	// Busy resets the idle time and re-arms the record.
+	smp.set(nil, usage(50))
+	tick(10 * time.Second)
+	if v := one(t, reg, nameIdle, lbl); v != 0 {
+		t.Errorf("idle while busy = %v", v)
+	}
+	if v := one(t, reg, nameUtilization, lbl); v != 0.5 {
+		t.Errorf("utilization %v, want 0.5", v)
+	}
+	smp.set(nil, usage(4))
+	tick(10 * time.Second)
+	tick(time.Minute)
+	if n := len(rec.all()); n != 2 {
+		t.Errorf("%d records after a second idle spell, want 2", n)
+	}
+	// The job ends: every series of it goes.
+	e.Allocations(nil)
+	tick(time.Second)
+	for _, name := range []string{nameAllocated, nameUtilization, nameMemUsed, nameMemTotal, nameIdle} {
+		if n := len(series(t, reg, name, nil)); n != 0 {
+			t.Errorf("%s: %d series after the job ended", name, n)
+		}
+	}
+}
+
+func TestIdleAuditOff(t *testing.T) {
+	clk := &clock{t: time.Unix(1e9, 0)}
+	smp := &fakeSampler{}
+	rec := &records{}
+	e := New(Options{Sampler: smp, IdleAuditAfter: 0, Audit: rec, Now: clk.now})
+	smp.set(nil, inventory.Usage{Minor: 0, UtilizationKnown: true})
+	e.Allocations([]daemon.Allocation{alloc(5, 0, gpu(0, 0))})
+	for range 5 {
+		clk.advance(time.Hour)
+		e.sample()
+		e.refresh()
+		e.apply()
+	}
+	if n := len(rec.all()); n != 0 {
+		t.Errorf("%d gpu_idle records with idle_audit_after 0", n)
+	}
+	if v := one(t, e.Registry(), nameIdle, map[string]string{"job_id": "5"}); v != 4*3600 {
+		t.Errorf("idle seconds %v", v)
+	}
+}
+
+func TestSampleFailures(t *testing.T) {
+	smp := &fakeSampler{}
+	e := New(Options{Sampler: smp})
+	reg := e.Registry()
+	e.Allocations([]daemon.Allocation{alloc(7, 0, gpu(0, 0), gpu(1, 1))})
+	smp.set(nil,
+		inventory.Usage{Minor: 0, UtilizationGPU: 80, UtilizationKnown: true, MemoryTotal: 1},
+		// MIG mode: NVML reports no utilization, so no idle verdict.
+		inventory.Usage{Index: 1, Minor: 1, MemoryUsed: 5, MemoryTotal: 10})
+	e.sample()
+	e.refresh()
+	e.apply()
+	if n := len(series(t, reg, nameUtilization, nil)); n != 1 {
+		t.Errorf("%d utilization series, want 1 (the MIG GPU has none)", n)
+	}
+	if n := len(series(t, reg, nameIdle, map[string]string{"gpu": "1"})); n != 0 {
+		t.Error("idle series for a GPU without utilization")
+	}
+	if v := one(t, reg, nameMemUsed, map[string]string{"gpu": "1"}); v != 5 {
+		t.Errorf("memory used of the MIG GPU %v", v)
+	}
+	// A failed sample leaves no stale values and is counted.
+	smp.set(errors.New("NVML GPU 0: utilization: Unknown Error"))
+	e.sample()
+	e.apply()
+	for _, name := range []string{nameUtilization, nameMemUsed, nameIdle} {
+		if n := len(series(t, reg, name, nil)); n != 0 {
+			t.Errorf("%s: %d stale series after a failed sample", name, n)
+		}
+	}
+	if n := len(series(t, reg, nameAllocated, nil)); n != 2 {
+		t.Errorf("allocations lost with a failed sample: %d", n)
+	}
+	// No driver at all is a state of the node, not an error.
+	smp.set(fmt.Errorf("open: %w", inventory.ErrNoDriver))
+	e.sample()
+	if v := one(t, reg, nameSampleErrors, nil); v != 1 {
+		t.Errorf("sample errors %v, want 1", v)
+	}
+}
+
+func TestTapCountsAccessesNotRecords(t *testing.T) {
+	e := New(Options{})
+	next := &records{}
+	tp := e.Tap(next)
+	tp.Emit(audit.Record{Event: audit.EventGPUAccess, Decision: audit.DecisionDenied, Suppressed: 4})
+	tp.Emit(audit.Record{Event: audit.EventGPUAccess, Decision: audit.DecisionDenied})
+	tp.Emit(audit.Record{Event: audit.EventAccessSuppressed, Decision: audit.DecisionAllowed, Suppressed: 3})
+	tp.Emit(audit.Record{Event: audit.EventGPUAccess, Decision: audit.DecisionWouldDeny})
+	tp.Emit(audit.Record{Event: audit.EventPolicyApplied, JobID: 3})
+	tp.ReportLoss(2)
+	reg := e.Registry()
+	for decision, want := range map[string]float64{"denied": 6, "allowed": 3, "would-deny": 1} {
+		if v := one(t, reg, nameAccess, map[string]string{"decision": decision}); v != want {
+			t.Errorf("%s{decision=%q} = %v, want %v", nameAccess, decision, v, want)
+		}
+	}
+	if v := one(t, reg, nameSuppressed, nil); v != 7 {
+		t.Errorf("suppressed %v, want 7", v)
+	}
+	if v := one(t, reg, nameAuditLost, map[string]string{"where": "kernel"}); v != 2 {
+		t.Errorf("kernel loss %v, want 2", v)
+	}
+	if len(next.all()) != 5 || next.lost != 2 {
+		t.Errorf("the tap passed on %d records and %d lost, want 5 and 2", len(next.all()), next.lost)
+	}
+}
+
+type handlerFunc func(*pb.Request) *pb.Response
+
+func (f handlerFunc) Handle(_ context.Context, _ server.Peer, r *pb.Request) *pb.Response {
+	return f(r)
+}
+
+func TestInstrument(t *testing.T) {
+	e := New(Options{})
+	h := e.Instrument(handlerFunc(func(r *pb.Request) *pb.Response {
+		if r.GetStepStart() != nil {
+			return &pb.Response{Error: "step 3.0: refused"}
+		}
+		return &pb.Response{}
+	}))
+	h.Handle(context.Background(), server.Peer{}, &pb.Request{Msg: &pb.Request_JobProlog{JobProlog: &pb.JobProlog{JobId: 3}}})
+	h.Handle(context.Background(), server.Peer{}, &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{JobId: 3}}})
+	h.Handle(context.Background(), server.Peer{}, &pb.Request{})
+	reg := e.Registry()
+	for _, c := range []struct {
+		typ, result string
+		want        float64
+	}{{"job_prolog", "ok", 1}, {"step_start", "refused", 1}, {"step_start", "ok", 0}, {"unknown", "ok", 1}, {"job_epilog", "ok", 0}} {
+		if v := one(t, reg, nameRequests, map[string]string{"type": c.typ, "result": c.result}); v != c.want {
+			t.Errorf("requests{%s,%s} = %v, want %v", c.typ, c.result, v, c.want)
+		}
+	}
+	if v := one(t, reg, nameReqDuration, map[string]string{"type": "step_start"}); v != 1 {
+		t.Errorf("step_start observations %v", v)
+	}
+}
+
+type fakeDaemon struct {
+	obs    daemon.Observer
+	counts daemon.Counts
+}
+
+func (f *fakeDaemon) SetObserver(o daemon.Observer) {
+	f.obs = o
+	o.Allocations([]daemon.Allocation{alloc(9, 0, gpu(2, 2))})
+}
+func (f *fakeDaemon) Counts() daemon.Counts { return f.counts }
+
+func TestStateAtScrape(t *testing.T) {
+	e := New(Options{AuditStats: func() audit.Stats {
+		return audit.Stats{Emitted: 40, QueueDropped: 2, Sinks: map[string]audit.SinkStats{
+			"file": {Written: 38, Failed: 1, Dropped: 1}, "syslog": {Written: 39, Dropped: 1}}}
+	}})
+	d := &fakeDaemon{counts: daemon.Counts{Jobs: 2, Steps: 3, Exempt: 2, FilterAttached: true}}
+	e.Follow(d)
+	e.refresh()
+	reg := e.Registry()
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{nameJobs, nil, 2}, {namePolicies, map[string]string{"kind": "step"}, 3}, {namePolicies, map[string]string{"kind": "exempt"}, 2},
+		{nameFilterAttached, nil, 1}, {nameAuditRecords, nil, 40},
+		{nameAuditLost, map[string]string{"where": "queue"}, 2}, {nameAuditLost, map[string]string{"where": "sink"}, 3},
+		{nameAuditSink, map[string]string{"sink": "file", "result": "failed"}, 1},
+		{nameAuditSink, map[string]string{"sink": "syslog", "result": "written"}, 39},
+		{nameAllocated, map[string]string{"job_id": "9"}, 1},
+	}
+	for _, c := range checks {
+		if v := one(t, reg, c.name, c.labels); v != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
+		}
+	}
+}
+
+func TestLint(t *testing.T) {
+	e := populated(t)
+	problems, err := testutil.GatherAndLint(e.Registry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "gpufence_") {
+			t.Errorf("%s: %s", p.Metric, p.Text)
+		}
+	}
+}
+
+// populated is an exporter with a series in every family.
+func populated(t *testing.T) *Exporter {
+	t.Helper()
+	smp := &fakeSampler{}
+	clk := &clock{t: time.Unix(1e9, 0)}
+	e := New(Options{Sampler: smp, IdleAuditAfter: time.Second, Audit: &records{}, Now: clk.now,
+		AuditStats: func() audit.Stats { return audit.Stats{Sinks: map[string]audit.SinkStats{"file": {}}} }})
+	e.Follow(&fakeDaemon{})
+	smp.set(nil, inventory.Usage{Minor: 2, UUID: "GPU-x", UtilizationKnown: true})
+	e.sample()
+	e.refresh()
+	e.apply()
+	clk.advance(time.Minute)
+	e.apply()
+	smp.set(errors.New("boom"))
+	e.sample()
+	smp.set(nil, inventory.Usage{Minor: 2, UUID: "GPU-x", UtilizationKnown: true})
+	e.sample()
+	e.apply()
+	e.Tap(&records{}).Emit(audit.Record{Event: audit.EventGPUAccess, Decision: audit.DecisionDenied, Suppressed: 1})
+	e.Instrument(handlerFunc(func(*pb.Request) *pb.Response { return &pb.Response{} })).Handle(context.Background(), server.Peer{}, &pb.Request{})
+	return e
+}
+
+func TestHandler(t *testing.T) {
+	e := populated(t)
+	var blocked sync.Mutex
+	blocked.Lock()
+	old := healthTimeout
+	healthTimeout = 100 * time.Millisecond
+	defer func() { healthTimeout = old }()
+	srv := httptest.NewServer(e.Handler(func() {
+		blocked.Lock()
+		blocked.Unlock()
+	}))
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, body := get("/metrics")
+	for _, want := range []string{`gpufence_build_info{goversion="go`, `gpufence_job_gpu_allocated{gpu="2",job_id="9",user="root",uuid="GPU-x"} 1`, "go_goroutines", "process_open_fds"} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics: %d, no %q", code, want)
+		}
+	}
+	if code, _ := get("/healthz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/healthz with the state locked: %d, want 503", code)
+	}
+	blocked.Unlock()
+	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz: %d %q", code, body)
+	}
+}
+
+// The mapping files are named by NVML's index (dcgm-exporter's gpu label)
+// once a sample told it, else by the device minor, and follow the jobs.
+func TestJobMapFollowsJobs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "map")
+	jm, err := jobmap.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smp := &fakeSampler{err: inventory.ErrNoDriver}
+	e := New(Options{Sampler: smp, JobMap: jm})
+	read := func() map[string]string {
+		out := map[string]string{}
+		entries, _ := os.ReadDir(dir)
+		for _, en := range entries {
+			b, _ := os.ReadFile(filepath.Join(dir, en.Name()))
+			out[en.Name()] = string(b)
+		}
+		return out
+	}
+	e.Allocations([]daemon.Allocation{alloc(21, 0, gpu(0, 0), gpu(1, 1)), alloc(22, 0, gpu(2, 2))})
+	e.sample()
+	e.refresh()
+	if got := fmt.Sprint(read()); got != "map[0:21\n 1:21\n 2:22\n]" {
+		t.Errorf("without NVML: %q", got)
+	}
+	// NVML numbers /dev/nvidia1 as GPU 2 and /dev/nvidia2 as GPU 1.
+	smp.set(nil, inventory.Usage{Index: 0, Minor: 0}, inventory.Usage{Index: 2, Minor: 1}, inventory.Usage{Index: 1, Minor: 2})
+	e.sample()
+	e.refresh()
+	if got := fmt.Sprint(read()); got != "map[0:21\n 1:22\n 2:21\n]" {
+		t.Errorf("with NVML: %q", got)
+	}
+	e.Allocations([]daemon.Allocation{alloc(22, 0, gpu(2, 2))})
+	e.refresh()
+	if got := fmt.Sprint(read()); got != "map[1:22\n]" {
+		t.Errorf("after job 21 ended: %q", got)
+	}
+}
+
+// Run wakes on an allocation change without waiting for a sample.
+func TestRunFollowsAllocations(t *testing.T) {
+	e := New(Options{SampleInterval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	e.Allocations([]daemon.Allocation{alloc(31, 0, gpu(0, 0))})
+	deadline := time.Now().Add(5 * time.Second)
+	for len(series(t, e.Registry(), nameAllocated, map[string]string{"job_id": "31"})) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("job 31's series never appeared")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+}
