@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,6 +48,12 @@ type Config struct {
 	// NvidiaMajor overrides the NVIDIA char major; 0 reads /proc/devices,
 	// falling back to 195.
 	NvidiaMajor uint32 `yaml:"nvidia_major"`
+	// NvidiaCapsMajor overrides the char major of the MIG capability
+	// devices (/dev/nvidia-caps/nvidia-cap*); 0 reads "nvidia-caps" from
+	// /proc/devices (the kernel hands it out at driver load, there is no
+	// standard value). Unknown, that major is not narrowed and a gres.conf
+	// with MIG slices is refused.
+	NvidiaCapsMajor uint32 `yaml:"nvidia_caps_major"`
 	// ExemptCgroups are the scope's children that are not jobs and keep every
 	// device: Slurm parks new slurmstepds in "system" and, without systemd,
 	// moves slurmd into "slurmd" (both use NVML).
@@ -79,6 +87,32 @@ type Config struct {
 	// FailOpenSpool is where the SPANK plugin (failure=open, spool=) records
 	// steps it let run without isolation; the agent audits and removes them.
 	FailOpenSpool string `yaml:"failopen_spool"`
+	// NVML is auto (check gres.conf against the NVIDIA driver when there is
+	// one), required (refuse to start without it) or off (gres.conf only).
+	NVML string `yaml:"nvml"`
+	// Metrics configures the Prometheus endpoint and GPU sampling
+	// (docs/metrics.md).
+	Metrics Metrics `yaml:"metrics"`
+	// DCGMJobMappingDir is where the agent keeps dcgm-exporter's HPC job
+	// mapping files (its --hpc-job-mapping-dir); empty writes none.
+	DCGMJobMappingDir string `yaml:"dcgm_job_mapping_dir"`
+}
+
+// Metrics configures what the agent exports to Prometheus.
+type Metrics struct {
+	// Listen is the host:port of the HTTP endpoint (/metrics, /healthz);
+	// empty disables it. Per-job series name users, hence localhost by
+	// default.
+	Listen string `yaml:"listen"`
+	// SampleInterval is how often GPU utilization and memory are read
+	// through NVML.
+	SampleInterval Duration `yaml:"sample_interval"`
+	// IdleThreshold is the utilization, in percent, below which an
+	// allocated GPU counts as idle.
+	IdleThreshold uint32 `yaml:"idle_threshold"`
+	// IdleAuditAfter is how long a job may hold an idle GPU before a gpu_idle
+	// audit record is written; 0 writes none.
+	IdleAuditAfter Duration `yaml:"idle_audit_after"`
 }
 
 // Audit configures where GPU access decisions are recorded.
@@ -105,6 +139,32 @@ type Audit struct {
 	// drops and counts.
 	QueueSize int `yaml:"queue_size"`
 }
+
+// DefaultMetricsListen is where the metrics endpoint listens unless
+// configured otherwise: localhost only, because per-job series carry user
+// names.
+const DefaultMetricsListen = "127.0.0.1:9945"
+
+// checkListen accepts host:port with a numeric port from 1 to 65535; the
+// host may be empty (every address), a name or an IP.
+func checkListen(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want host:port: %w", err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	return nil
+}
+
+// NVML settings.
+const (
+	NVMLAuto     = "auto"
+	NVMLRequired = "required"
+	NVMLOff      = "off"
+)
 
 // Enforcement values.
 const (
@@ -152,6 +212,13 @@ func Default() Config {
 		StateFile:            "/var/lib/gpufence/state.json",
 		RecoverFromSlurmctld: true,
 		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
+		NVML:                 NVMLAuto,
+		Metrics: Metrics{
+			Listen:         DefaultMetricsListen,
+			SampleInterval: Duration{15 * time.Second},
+			IdleThreshold:  5,
+			IdleAuditAfter: Duration{time.Hour},
+		},
 		Audit: Audit{
 			File:          "/var/log/gpufence/audit.jsonl",
 			Journald:      "auto",
@@ -228,6 +295,11 @@ func (c Config) Validate(source string) error {
 	if c.NvidiaMajor > 4095 {
 		bad("nvidia_major", "%d is not a valid char major", c.NvidiaMajor)
 	}
+	if c.NvidiaCapsMajor > 4095 {
+		bad("nvidia_caps_major", "%d is not a valid char major", c.NvidiaCapsMajor)
+	} else if c.NvidiaCapsMajor != 0 && c.NvidiaCapsMajor == c.NvidiaMajor {
+		bad("nvidia_caps_major", "%d is the same as nvidia_major", c.NvidiaCapsMajor)
+	}
 	for _, e := range c.ExemptCgroups {
 		if e == "" || strings.ContainsRune(e, '/') || strings.HasPrefix(e, "job_") {
 			bad("exempt_cgroups", "%q must be a plain directory name that is not a job", e)
@@ -260,8 +332,30 @@ func (c Config) Validate(source string) error {
 	if c.FailOpenSpool != "" && !filepath.IsAbs(c.FailOpenSpool) {
 		bad("failopen_spool", "%q must be an absolute path (or empty)", c.FailOpenSpool)
 	}
+	switch c.NVML {
+	case NVMLAuto, NVMLRequired, NVMLOff:
+	default:
+		bad("nvml", "%q is not one of auto, required, off", c.NVML)
+	}
 	if c.StateFile != "" && !filepath.IsAbs(c.StateFile) {
 		bad("state_file", "%q must be an absolute path (or empty)", c.StateFile)
+	}
+	if c.Metrics.Listen != "" {
+		if err := checkListen(c.Metrics.Listen); err != nil {
+			bad("metrics.listen", "%q: %v (or empty to disable)", c.Metrics.Listen, err)
+		}
+	}
+	if c.Metrics.SampleInterval.Duration < time.Second || c.Metrics.SampleInterval.Duration > 10*time.Minute {
+		bad("metrics.sample_interval", "%s must be between 1s and 10m", c.Metrics.SampleInterval)
+	}
+	if c.Metrics.IdleThreshold < 1 || c.Metrics.IdleThreshold > 100 {
+		bad("metrics.idle_threshold", "%d must be a percentage from 1 to 100", c.Metrics.IdleThreshold)
+	}
+	if d := c.Metrics.IdleAuditAfter.Duration; d != 0 && d < c.Metrics.SampleInterval.Duration {
+		bad("metrics.idle_audit_after", "%s must be 0 (off) or at least metrics.sample_interval (%s)", c.Metrics.IdleAuditAfter, c.Metrics.SampleInterval)
+	}
+	if c.DCGMJobMappingDir != "" && !filepath.IsAbs(c.DCGMJobMappingDir) {
+		bad("dcgm_job_mapping_dir", "%q must be an absolute path (or empty)", c.DCGMJobMappingDir)
 	}
 	a := c.Audit
 	if a.File != "" && !filepath.IsAbs(a.File) {

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -126,9 +128,13 @@ func (d *Daemon) accessRecord(ev devfilter.Event, o owner, known bool, suppresse
 	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", ev.TGID)); err == nil {
 		r.Exe = exe
 	}
-	if idx, ok := d.byMinor[ev.Minor]; ok && ev.Major == d.nvidiaMajor {
-		r.GPU = &audit.GPU{Index: idx}
-		r.Device.Path = d.gpus[idx].Path
+	if g, path, ok := d.gpuOf(ev.Major, ev.Minor, o, known); ok {
+		r.GPU = &audit.GPU{Index: g.Index}
+		r.GPU.UUID, _ = d.GPUUUID(g.Index)
+		if g.MIG {
+			r.GPU.MIG = &audit.MIG{Profile: g.Type}
+		}
+		r.Device.Path = path
 	}
 	who := "a cgroup without a policy entry (no registered step)"
 	switch {
@@ -139,7 +145,10 @@ func (d *Daemon) accessRecord(ev devfilter.Event, o owner, known bool, suppresse
 		who = fmt.Sprintf("job %d step %s", o.jobID, r.StepID)
 	}
 	what := fmt.Sprintf("device %d:%d", ev.Major, ev.Minor)
-	if r.GPU != nil {
+	switch {
+	case r.GPU != nil && r.GPU.MIG != nil:
+		what = fmt.Sprintf("MIG slice GPU %d (%s)", r.GPU.Index, r.Device.Path)
+	case r.GPU != nil:
 		what = fmt.Sprintf("GPU %d (%s)", r.GPU.Index, r.Device.Path)
 	}
 	r.Message = fmt.Sprintf("%s %s to %s: pid %d %s, uid %d", what, r.Decision, who, ev.TGID, ev.Comm, ev.UID)
@@ -147,6 +156,49 @@ func (d *Daemon) accessRecord(ev devfilter.Event, o owner, known bool, suppresse
 		r.Message += fmt.Sprintf(" (%d more not recorded)", suppressed)
 	}
 	return r
+}
+
+// gpuOf attributes a device to the GPU index holding it, and names its
+// file: a GPU minor or a MIG capability minor. Slices of one GPU share its
+// minor, and compute instances of one GPU instance its access minor, so the
+// step's own index wins among several, else the lowest. d.mu must not be
+// held.
+func (d *Daemon) gpuOf(major, minor uint32, o owner, known bool) (devices.GPU, string, bool) {
+	var held []int
+	switch {
+	case major == d.nvidiaMajor:
+		held = d.byMinor[minor]
+	case d.capsMajor != 0 && major == d.capsMajor:
+		held = d.byCaps[minor]
+	}
+	if len(held) == 0 {
+		return devices.GPU{}, "", false
+	}
+	idx := held[0]
+	if known && o.exempt == "" {
+		d.mu.Lock()
+		var own []int
+		if j := d.jobs[o.jobID]; j != nil && j.steps[o.stepID] != nil {
+			own = j.steps[o.stepID].gpus
+		}
+		d.mu.Unlock()
+		for _, h := range held {
+			if slices.Contains(own, h) {
+				idx = h
+				break
+			}
+		}
+	}
+	g := d.gpus[idx]
+	if major == d.nvidiaMajor {
+		return g, g.Path, true
+	}
+	for _, c := range g.Caps {
+		if c.Minor == minor {
+			return g, c.Path, true
+		}
+	}
+	return g, "", true
 }
 
 func accessList(a devfilter.Access) []string {

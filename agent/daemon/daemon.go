@@ -71,7 +71,7 @@ type Daemon struct {
 	log       *slog.Logger
 	mount     string
 	gpus      map[int]devices.GPU
-	byMinor   map[uint32]int
+	byMinor   map[uint32][]int
 	newFilter FilterFactory
 	settings  settingsCache
 	rec       Recorder
@@ -80,6 +80,15 @@ type Daemon struct {
 	auditOnly atomic.Bool
 
 	nvidiaMajor uint32
+	// capsMajor is the nvidia-caps major (cfg.NvidiaCapsMajor as the caller
+	// resolved it); 0: unknown, MIG slices refused.
+	capsMajor uint32
+	// table is what each GPU index opens (policy.DevicesFor). byMinor and
+	// byCaps attribute a device back to the indices that hold it: the MIG
+	// slices of one GPU share its minor, the compute instances of one GPU
+	// instance its access caps.
+	table  map[int]policy.Devices
+	byCaps map[uint32][]int
 
 	mu      sync.Mutex
 	filter  Filter
@@ -88,6 +97,11 @@ type Daemon struct {
 	owners  map[uint64]owner
 	exempts map[string]devfilter.Cgroup
 	events  sync.WaitGroup
+	// observer follows the jobs' GPUs (metrics, dcgm job mapping).
+	observer Observer
+	// nvml is what the NVIDIA driver said about Slurm's GPUs (SetInventory);
+	// nil without NVML.
+	nvml atomic.Pointer[nvmlView]
 }
 
 // New builds the daemon: it reads Slurm's GPU table and device numbers, and
@@ -99,10 +113,10 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	}
 	d := &Daemon{
 		cfg: cfg, log: log.With("component", "agent"), mount: mount, newFilter: newFilter,
-		gpus: map[int]devices.GPU{}, byMinor: map[uint32]int{},
+		gpus: map[int]devices.GPU{}, table: map[int]policy.Devices{}, byMinor: map[uint32][]int{}, byCaps: map[uint32][]int{},
 		jobs: map[uint32]*job{}, owners: map[uint64]owner{}, exempts: map[string]devfilter.Cgroup{},
 		settings: settingsCache{path: cfg.SlurmConf},
-		rec:      rec, nvidiaMajor: nvidiaMajor,
+		rec:      rec, nvidiaMajor: nvidiaMajor, capsMajor: cfg.NvidiaCapsMajor,
 	}
 	if d.rec == nil {
 		d.rec = nopRecorder{}
@@ -119,13 +133,22 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	case err != nil:
 		return nil, err
 	}
-	resolved, err := devices.Resolve(table, nvidiaMajor)
+	resolved, err := devices.Resolve(table, nvidiaMajor, d.capsMajor)
 	if err != nil {
 		return nil, fmt.Errorf("GPU table from %s: %w", st.GresConf, err)
 	}
 	for _, g := range resolved {
 		d.gpus[g.Index] = g
-		d.byMinor[g.Minor] = g.Index
+		d.table[g.Index] = policy.Devices{GPUMinor: g.Minor, CapsMinors: g.CapsMinors()}
+		d.byMinor[g.Minor] = append(d.byMinor[g.Minor], g.Index)
+		for _, c := range g.Caps {
+			d.byCaps[c.Minor] = append(d.byCaps[c.Minor], g.Index)
+		}
+		if g.MIG {
+			d.log.Info("gpu", keyGPU, g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor),
+				"mig_slice", g.Type, "caps", fmt.Sprintf("%d:%v", d.capsMajor, g.CapsMinors()))
+			continue
+		}
 		d.log.Info("gpu", keyGPU, g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor))
 	}
 	saved, _, err := statefile.Read(cfg.StateFile)
@@ -359,13 +382,17 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 	if err != nil {
 		return nil, err
 	}
+	if why := d.untrustedTable(); why != "" && len(dec.GPUs) > 0 {
+		return nil, fmt.Errorf("step %s: %s", name, why)
+	}
 	if dec.Note != "" {
 		log.Warn(dec.Note)
 	}
-	p := devfilter.Policy{GPUMinors: make([]uint32, 0, len(dec.GPUs))}
-	for _, g := range dec.GPUs {
-		p.GPUMinors = append(p.GPUMinors, d.gpus[g].Minor)
+	set, err := policy.DevicesFor(d.table, dec.GPUs)
+	if err != nil {
+		return nil, fmt.Errorf("step %s: %v", name, err)
 	}
+	p := devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
 	if j != nil {
 		if prev := j.steps[stepID]; prev != nil && prev.cg.ID == cg.ID && slices.Equal(prev.gpus, dec.GPUs) {
 			return d.stepResponse(dec.GPUs, st), nil

@@ -12,8 +12,10 @@ import (
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
-// saveLocked writes the state file. d.mu is held.
+// saveLocked writes the state file, and tells the observer, since every
+// change of jobs comes through here. d.mu is held.
 func (d *Daemon) saveLocked() {
+	d.publishLocked()
 	if d.cfg.StateFile == "" {
 		return
 	}

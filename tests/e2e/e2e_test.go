@@ -34,12 +34,12 @@ const user = cluster.TestUser
 // suite is one cluster with the plugin and the agent, shared by the tests of
 // this package (starting Slurm costs seconds; CI has two cores).
 type suite struct {
-	c     *cluster.Cluster
-	agent *cluster.Process
+	c        *cluster.Cluster
+	agent    *cluster.Process
 	gpufence string // the gpufence binary under test
 	plugin   string // the SPANK entry; spank_gpufence_go.so lies beside it
-	open  string // gf-open in the cluster's root
-	sock  string
+	open     string // gf-open in the cluster's root
+	sock     string
 	// starts counts agent starts; each writes its own audit file.
 	starts     int
 	auditFiles []string
@@ -52,6 +52,9 @@ type suite struct {
 	statusAfterRestart string
 	ctx                context.Context
 	cancel             context.CancelFunc
+	// metricsAddr is every agent start's metrics endpoint and jobMapDir its
+	// dcgm-exporter job mapping directory (metrics_test.go).
+	metricsAddr, jobMapDir string
 }
 
 var (
@@ -212,6 +215,12 @@ func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 	if opt.auditOnly {
 		yaml += "enforcement: audit-only\n"
 	}
+	// No driver registers nvidia-caps here: the cluster's fake major.
+	yaml += fmt.Sprintf("nvidia_caps_major: %d\n", st.c.CapsMajor())
+	if err := st.metricsSetup(); err != nil {
+		return nil, err
+	}
+	yaml += fmt.Sprintf("metrics:\n  listen: %s\n  sample_interval: 1s\ndcgm_job_mapping_dir: %s\n", st.metricsAddr, st.jobMapDir)
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		return nil, err
 	}

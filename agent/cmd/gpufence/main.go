@@ -30,10 +30,12 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"agent":   {"run the node agent in the foreground (needs root)", runAgent},
-	"audit":   {"read the audit trail: gpufence audit tail [--job N] [--user U] [--denied] [--json] [-f]", runAudit},
-	"status":  {"show jobs, steps, GPUs, cgroups, pinned objects and counters (works while the agent is down)", runStatus},
-	"version": {"print the version", runVersion},
+	"agent":     {"run the node agent in the foreground (needs root)", runAgent},
+	"audit":     {"read the audit trail: gpufence audit tail [--job N] [--user U] [--denied] [--json] [-f]", runAudit},
+	"doctor":    {"check that this node is ready for gpufence: cgroups, kernel, bpffs, Slurm, plugin, gres, socket, audit", runDoctor},
+	"inventory": {"list the GPUs as the NVIDIA driver reports them (NVML): minor, UUID, bus id, name, MIG devices", runInventory},
+	"status":    {"show jobs, steps, GPUs, cgroups, pinned objects and counters (works while the agent is down)", runStatus},
+	"version":   {"print the version", runVersion},
 }
 
 func runAudit(args []string, stdout, stderr io.Writer) int {
@@ -99,6 +101,7 @@ func runAgent(args []string, _, stderr io.Writer) int {
 	auditFile := fs.String("audit-file", def.Audit.File, "JSON Lines audit file (empty disables it)")
 	pinDir := fs.String("pin-dir", def.PinDir, "bpffs folder where the filter is pinned so it outlives the agent (empty: detach at stop)")
 	stateFile := fs.String("state-file", def.StateFile, "file keeping job and step attribution across restarts (empty: memory only)")
+	metricsListen := fs.String("metrics-listen", def.Metrics.Listen, "host:port of the Prometheus endpoint, /metrics and /healthz (empty disables it)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: gpufence agent [flags]\n\nRuns the node agent in the foreground, logging to stderr. Flags override the configuration file.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -146,6 +149,8 @@ func runAgent(args []string, _, stderr io.Writer) int {
 			cfg.PinDir = *pinDir
 		case "state-file":
 			cfg.StateFile = *stateFile
+		case "metrics-listen":
+			cfg.Metrics.Listen = *metricsListen
 		}
 	})
 	if err := cfg.Validate("command line"); err != nil {
@@ -207,6 +212,21 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 		}
 		major = m
 	}
+	if cfg.NvidiaCapsMajor == 0 {
+		// The daemon and the filter take the resolved value from cfg.
+		m, found, err := devices.CapsMajor()
+		if err != nil {
+			return err
+		}
+		if found {
+			cfg.NvidiaCapsMajor = m
+		} else {
+			log.Info("no nvidia-caps in /proc/devices: MIG capability devices are not narrowed, and MIG slices in gres.conf are refused")
+		}
+	}
+	if cfg.NvidiaCapsMajor == major {
+		return fmt.Errorf("nvidia-caps major %d is the NVIDIA GPU major too; set nvidia_major or nvidia_caps_major", major)
+	}
 	mode := devfilter.Mode("")
 	if cfg.Mode != config.ModeAuto {
 		mode = devfilter.Mode(cfg.Mode)
@@ -238,15 +258,28 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 		}
 	}()
 	fopts := devfilter.Options{
-		Mode: mode, NvidiaMajor: major, Logger: log, PinDir: cfg.PinDir,
+		Mode: mode, NvidiaMajor: major, CapsMajor: cfg.NvidiaCapsMajor, Logger: log, PinDir: cfg.PinDir,
 		AuditOnly:    cfg.Enforcement == config.EnforcementAuditOnly,
 		AuditAllowed: devfilter.AuditAllowed(cfg.Audit.Allowed),
 		RateWindow:   cfg.Audit.RateWindow.Duration, RateBurst: cfg.Audit.RateBurst,
 	}
-	d, err := daemon.New(cfg, log, daemon.NewKernelFilter(fopts), major, rec)
+	inv, nvmlGPUs, err := openInventory(cfg, log)
+	if err != nil {
+		return err
+	}
+	if inv != nil {
+		defer inv.Close()
+	}
+	// The sampler is the NVML inventory where the agent has one.
+	exp := newExporter(cfg, rec, inventorySampler(inv), log)
+	d, err := daemon.New(cfg, log, daemon.NewKernelFilter(fopts), major, exp.Tap(rec))
 	if err != nil {
 		rec.Emit(audit.Record{Event: audit.EventFilterAttachFailed, Severity: audit.SeverityError, Message: "the agent could not start", Error: err.Error()})
 		return err
+	}
+	if inv != nil {
+		// Before the socket serves: a table NVML contradicts gives no GPU.
+		d.SetInventory(nvmlGPUs)
 	}
 	ln, activated, err := listen(cfg, log)
 	if err != nil {
@@ -263,7 +296,8 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 			onHangup(d, rec, log, reload)
 		}
 	}()
-	srv := server.New(ln, d, log, cfg.RequestTimeout.Duration)
+	waitMetrics := startMetrics(ctx, cfg, exp, d, log)
+	srv := server.New(ln, exp.Instrument(d), log, cfg.RequestTimeout.Duration)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ctx) }()
 	log.Info("gpufence agent ready", "mode", mode, "socket_activated", activated)
@@ -276,6 +310,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	runErr := d.Run(ctx)
 	notify(log, "STOPPING=1")
 	serveErr := <-errc
+	waitMetrics()
 	if !activated {
 		os.Remove(cfg.Socket)
 	}
