@@ -1,0 +1,105 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/doctor"
+	"github.com/gpufence/gpufence/agent/version"
+	"github.com/gpufence/gpufence/bpf/devfilter"
+)
+
+// runDoctor is `gpufence doctor`: is this node ready for gpufence, and if
+// not, what to fix. Exit status: 0 no check failed (warnings allowed),
+// 1 a check failed, 2 usage error.
+func runDoctor(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gpufence doctor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", config.DefaultPath, "agent configuration file (YAML); missing is fine at the default path")
+	asJSON := fs.Bool("json", false, `print {"ok":bool,"checks":[...]} instead of text`)
+	slurmConf := fs.String("slurm-conf", "", "Slurm's slurm.conf (default: the configuration's slurm_conf)")
+	root := fs.String("root", "/", "look at the node's files below this folder (for a mounted image); the kernel probe and Slurm's -V still run here")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, `Usage: gpufence doctor [--config FILE] [--slurm-conf FILE] [--json]
+
+Checks that this node is ready for gpufence, and prints each check with a
+verdict (ok, info, skip, warn, fail), what it found and, for warn and fail,
+the fix:
+
+  cgroup        cgroup v2 mounted, and whether the host is hybrid or v1 only
+  kernel        CGROUP_DEVICE programs, ring buffers, and the helper that
+                decides scope mode or the per-cgroup fallback (needs root)
+  bpffs         pin_dir is on a bpf file system; what is pinned there
+  slurm-conf    slurm.conf is readable and names this node
+  slurm-plugin  slurmd -V (or srun -V) against the plugin's plugin_version,
+                the slurm-X.Y builds and the plugin's Go part
+  plugstack     plugstack.conf (and its includes) loads spank_gpufence.so,
+                required, with valid options and the agent's socket
+  slurm-cgroup  ConstrainDevices, CgroupPlugin, ProctrackType, TaskPlugin
+  gres          gres.conf's GPUs for this node against /dev and /proc/devices
+  agent-socket  the socket exists, is root's, 0600, and accepts connections
+  audit         the audit file's folder, mode and free space; journald, syslog
+
+It reads files only and changes nothing. Run it as root: otherwise the kernel
+check is skipped and some files are unreadable.
+Exit status: 0 nothing failed (warnings allowed), 1 a check failed, 2 usage error.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gpufence doctor: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	cfg, err := loadConfig(fs, *cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpufence doctor: %v\n", err)
+		return 2
+	}
+	if *slurmConf != "" {
+		cfg.SlurmConf = *slurmConf
+		if err := cfg.Validate("command line"); err != nil {
+			fmt.Fprintf(stderr, "gpufence doctor: %v\n", err)
+			return 2
+		}
+	}
+	env := doctor.Env{
+		Root: *root, Config: cfg, Version: version.Version,
+		SearchPath: os.Getenv("PATH"),
+	}
+	if os.Geteuid() == 0 {
+		env.ProbeKernel = devfilter.Probe
+		env.InspectPins = devfilter.InspectPins
+	} else {
+		env.KernelSkip = "needs root (it loads small test programs into the kernel)"
+	}
+	rep := doctor.Run(env)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(rep); err != nil {
+			fmt.Fprintf(stderr, "gpufence doctor: %v\n", err)
+			return 1
+		}
+	} else if err := rep.WriteText(stdout); err != nil {
+		fmt.Fprintf(stderr, "gpufence doctor: %v\n", err)
+		return 1
+	}
+	if !rep.OK {
+		return 1
+	}
+	return 0
+}
