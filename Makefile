@@ -21,16 +21,24 @@ help: ## list targets
 .PHONY: build
 build: $(GPUFENCE) $(SPANK_C) $(SPANK_GO) ## build the agent/CLI and the SPANK plugin
 
+# cgo: NVML (go-nvml calls libnvidia-ml.so.1, loaded at run time) and user
+# names from NSS (LDAP, SSSD) need libc. glibc >= 2.34, as for the plugin.
+# nvml.h marks functions gpufence never calls as deprecated; go-nvml wraps
+# them all, and the warnings would bury the build log.
+GPUFENCE_CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 $(GPUFENCE): FORCE
-	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(GO_LDFLAGS)' -o $@ ./agent/cmd/gpufence
+	CGO_CFLAGS='$(GPUFENCE_CGO_CFLAGS)' CGO_ENABLED=1 $(GO) build -buildmode=pie -trimpath -buildvcs=false -ldflags '$(GO_LDFLAGS)' -o $@ ./agent/cmd/gpufence
 
 $(SPANK_GO): FORCE
 	CGO_ENABLED=1 $(GO) build -trimpath -buildvcs=false -buildmode=c-shared -ldflags '$(GO_LDFLAGS)' -o $@ ./spank/goclient
 	@rm -f $(BIN)/spank_gpufence_go.h
 
+# Also used by packaging/build-plugins.sh for the per-Slurm-version builds.
+SPANK_CFLAGS := -std=gnu11 -O2 -g -Wall -Wextra -Werror -fPIC -shared
+
 $(SPANK_C): $(wildcard spank/plugin/*.c spank/plugin/*.h spank/plugin/*.map) spank/goclient/goclient.h
 	@mkdir -p $(BIN)
-	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -I$(SLURM_INCLUDE) \
+	$(CC) $(SPANK_CFLAGS) -I$(SLURM_INCLUDE) \
 		-Wl,--version-script=spank/plugin/exports.map -o $@ $(filter %.c,$^) -ldl
 
 GENERATED := '*.pb.go' '*_bpfel.go' '*_bpfel.o'
@@ -81,6 +89,57 @@ BENCH_FLAGS ?=
 .PHONY: bench
 bench: build ## srun latency with/without gpufence, new job and step in an allocation (root; real Slurm)
 	$(GO) run ./tests/cmd/gfbench -bin $(BIN) $(BENCH_FLAGS)
+
+# Packages (docs/packaging.md). The SPANK entry is built once per Slurm
+# major.minor found in SLURM_HEADER_DIRS: the host's headers and those of the
+# Debian suites in SLURM_HEADER_SUITES, fetched once into SLURM_HEADER_CACHE.
+# Add others, e.g. ParallelCluster's:
+#   make package SLURM_HEADER_DIRS='/usr/include build/slurm-headers/*/include /opt/slurm/include'
+NFPM ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+DIST ?= dist
+PKG_BUILD := build/pkg
+SLURM_HEADER_SUITES ?= trixie sid
+SLURM_HEADER_CACHE ?= build/slurm-headers
+SLURM_HEADER_DIRS ?= $(SLURM_INCLUDE) $(SLURM_HEADER_CACHE)/*/include
+# Reproducible builds: file times in the packages are the last commit's.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+PKG_VERSION ?= $(shell packaging/pkg-version.sh '$(VERSION)' '$(SOURCE_DATE_EPOCH)')
+PKG_ARCH ?= $(shell $(GO) env GOARCH)
+PKG_MAINTAINER ?= gpufence maintainers <gpufence@users.noreply.github.com>
+# Same output wherever the tree is checked out.
+PKG_CFLAGS := $(SPANK_CFLAGS) -ffile-prefix-map=$(CURDIR)=.
+PKG_GO_LDFLAGS := -s -w $(GO_LDFLAGS)
+
+.PHONY: slurm-headers
+slurm-headers: ## fetch the Slurm headers of Debian SLURM_HEADER_SUITES (trixie sid) into build/slurm-headers, once, checked
+	packaging/slurm-headers.sh $(SLURM_HEADER_CACHE) $(SLURM_HEADER_SUITES)
+
+.PHONY: plugins
+plugins: slurm-headers ## the SPANK entry for every Slurm major.minor in SLURM_HEADER_DIRS: build/pkg/lib/slurm-X.Y/
+	rm -rf $(PKG_BUILD)/lib
+	CC='$(CC)' SPANK_CFLAGS='$(PKG_CFLAGS)' packaging/build-plugins.sh $(PKG_BUILD)/lib $(SLURM_HEADER_DIRS)
+
+.PHONY: plugin
+plugin: ## one SPANK entry from SLURM_INCLUDE (e.g. /opt/slurm/include): build/plugins/slurm-X.Y/spank_gpufence.so
+	CC='$(CC)' SPANK_CFLAGS='$(PKG_CFLAGS)' packaging/build-plugins.sh build/plugins $(SLURM_INCLUDE)
+
+.PHONY: package
+package: plugins ## .deb and .rpm in dist/ with nfpm (docs/packaging.md)
+	CGO_CFLAGS='$(GPUFENCE_CGO_CFLAGS)' CGO_ENABLED=1 $(GO) build -buildmode=pie -trimpath -buildvcs=false -ldflags '$(PKG_GO_LDFLAGS)' -o $(PKG_BUILD)/gpufence ./agent/cmd/gpufence
+	CGO_ENABLED=1 $(GO) build -trimpath -buildvcs=false -buildmode=c-shared \
+		-ldflags '$(PKG_GO_LDFLAGS)' -o $(PKG_BUILD)/spank_gpufence_go.so ./spank/goclient
+	rm -f $(PKG_BUILD)/spank_gpufence_go.h
+	gzip -9n < packaging/man/gpufence.8 > $(PKG_BUILD)/gpufence.8.gz
+	packaging/changelog.sh '$(PKG_VERSION)' '$(VERSION)' '$(SOURCE_DATE_EPOCH)' '$(PKG_MAINTAINER)' > $(PKG_BUILD)/changelog.yml
+	packaging/nfpm-config.sh > $(PKG_BUILD)/nfpm.yaml
+	mkdir -p $(DIST)
+	rm -f $(DIST)/gpufence_*.deb $(DIST)/gpufence-*.rpm
+	for p in deb rpm; do \
+		SOURCE_DATE_EPOCH='$(SOURCE_DATE_EPOCH)' PKG_VERSION='$(PKG_VERSION)' PKG_ARCH='$(PKG_ARCH)' \
+		PKG_MAINTAINER='$(PKG_MAINTAINER)' \
+		$(NFPM) package --config $(PKG_BUILD)/nfpm.yaml --packager $$p --target $(DIST)/ || exit 1; \
+	done
+	@cd $(DIST) && sha256sum gpufence_*.deb gpufence-*.rpm
 
 .PHONY: FORCE
 FORCE:

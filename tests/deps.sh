@@ -7,7 +7,8 @@ set -euo pipefail
 
 pkgs=(make gcc libc6-dev git curl unzip ca-certificates
       libslurm-dev slurmctld slurmd slurm-client munge
-      clang llvm protobuf-compiler bpftool)
+      clang llvm protobuf-compiler bpftool prometheus
+      lintian rpmlint rpm cpio debootstrap gpgv debian-archive-keyring xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

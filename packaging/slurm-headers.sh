@@ -1,0 +1,98 @@
+#!/bin/sh
+# slurm-headers.sh CACHE SUITE... - Slurm's C headers of other Slurm releases,
+# so that one build can make the SPANK plugin for each of them.
+#
+# For each Debian SUITE (e.g. trixie, sid) it downloads that suite's
+# libslurm-dev .deb and unpacks only usr/include/slurm into
+# CACHE/<upstream version>/include/slurm, then writes CACHE/<suite>.version.
+# A suite already in CACHE is not fetched again (SLURM_HEADERS_REFRESH=1 does).
+# Trust chain: the suite's InRelease is checked with gpgv against the Debian
+# archive keyring (when installed; else HTTPS alone), the Packages index
+# against InRelease's SHA256, and the .deb against the index's SHA256.
+#
+# env: DEBIAN_MIRROR (default https://deb.debian.org/debian)
+#      DEBIAN_KEYRING (default /usr/share/keyrings/debian-archive-keyring.gpg)
+#      SLURM_HEADERS_ARCH (default amd64; the headers are the same on every arch)
+set -eu
+
+if [ $# -lt 1 ]; then
+	sed -n '2,16p' "$0" >&2
+	exit 2
+fi
+cache=$1
+shift
+[ $# -gt 0 ] || exit 0
+
+mirror=${DEBIAN_MIRROR:-https://deb.debian.org/debian}
+keyring=${DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
+arch=${SLURM_HEADERS_ARCH:-amd64}
+mkdir -p "$cache"
+cache=$(cd "$cache" && pwd)
+
+log() { echo "slurm-headers: $*" >&2; }
+die() {
+	log "$*"
+	exit 1
+}
+sha_ok() { # FILE SHA256
+	[ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+for suite in "$@"; do
+	stamp=$cache/$suite.version
+	if [ -z "${SLURM_HEADERS_REFRESH:-}" ] && [ -s "$stamp" ] &&
+		[ -f "$cache/$(cat "$stamp")/include/slurm/spank.h" ]; then
+		log "$suite: Slurm $(cat "$stamp") (cached)"
+		continue
+	fi
+	w=$tmp/$suite
+	mkdir -p "$w"
+	index=main/binary-$arch/Packages.xz
+
+	curl -fsSL --retry 3 -o "$w/InRelease" "$mirror/dists/$suite/InRelease" ||
+		die "$suite: cannot download $mirror/dists/$suite/InRelease"
+	if [ -f "$keyring" ] && command -v gpgv >/dev/null; then
+		gpgv --quiet --keyring "$keyring" --output "$w/Release" "$w/InRelease" 2>"$w/gpgv.log" ||
+			die "$suite: InRelease signature does not verify against $keyring: $(cat "$w/gpgv.log")"
+	else
+		log "$suite: no $keyring or gpgv: trusting HTTPS for InRelease"
+		sed -n '/^-----BEGIN PGP SIGNATURE/q;p' "$w/InRelease" >"$w/Release"
+	fi
+	isha=$(awk -v f="$index" '/^SHA256:/{s=1; next} /^[^ ]/{s=0} s && $3==f {print $1; exit}' "$w/Release")
+	[ -n "$isha" ] || die "$suite: $index is not listed in Release"
+
+	curl -fsSL --retry 3 -o "$w/Packages.xz" "$mirror/dists/$suite/$index" ||
+		die "$suite: cannot download $index"
+	sha_ok "$w/Packages.xz" "$isha" || die "$suite: $index does not match the SHA256 in Release"
+
+	xz -dc "$w/Packages.xz" | awk '
+		/^Package: /{p = ($2 == "libslurm-dev")}
+		p && /^(Version|Filename|SHA256): /{print $1, $2}
+		p && /^$/{exit}' >"$w/entry"
+	version=$(sed -n 's/^Version: //p' "$w/entry")
+	file=$(sed -n 's/^Filename: //p' "$w/entry")
+	sha=$(sed -n 's/^SHA256: //p' "$w/entry")
+	if [ -z "$version" ] || [ -z "$file" ] || [ -z "$sha" ]; then
+		die "$suite: no libslurm-dev in $index"
+	fi
+	# 24.11.5-4+deb13u1 -> 24.11.5 (an epoch would be dropped as well)
+	upstream=$(echo "$version" | sed 's/^[0-9]*://; s/-[^-]*$//')
+
+	curl -fsSL --retry 3 -o "$w/dev.deb" "$mirror/$file" || die "$suite: cannot download $file"
+	sha_ok "$w/dev.deb" "$sha" || die "$suite: $file does not match the SHA256 in $index"
+	dpkg-deb -x "$w/dev.deb" "$w/x" || die "$suite: cannot unpack $file"
+	[ -f "$w/x/usr/include/slurm/spank.h" ] || die "$suite: $file has no usr/include/slurm/spank.h"
+
+	dest=$cache/$upstream
+	rm -rf "$dest.new"
+	mkdir -p "$dest.new/include"
+	cp -R "$w/x/usr/include/slurm" "$dest.new/include/slurm"
+	printf 'suite: %s\npackage: %s\nsha256: %s\n' "$suite" "$file" "$sha" >"$dest.new/SOURCE"
+	rm -rf "$dest"
+	mv "$dest.new" "$dest"
+	echo "$upstream" >"$stamp"
+	log "$suite: Slurm $upstream from $file (SHA256 checked)"
+done
