@@ -16,6 +16,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/devices"
+	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -34,7 +36,7 @@ const (
 // Check is one finding. The JSON names are stable.
 type Check struct {
 	// ID names the check: cgroup, kernel, bpffs, slurm-conf, slurm-plugin,
-	// plugstack, slurm-cgroup, gres, agent-socket, audit.
+	// plugstack, slurm-cgroup, gres, nvml, agent-socket, audit.
 	ID string `json:"id"`
 	// Title says what is checked.
 	Title   string  `json:"title"`
@@ -77,6 +79,9 @@ type Env struct {
 	// RunVersion runs the Slurm program at path (below Root) with -V and
 	// returns its output; nil means exec.Command.
 	RunVersion func(path string) (string, error)
+	// Inventory lists the GPUs through NVML (inventory.OpenSystem); nil
+	// skips the NVML check.
+	Inventory func() ([]inventory.GPU, error)
 	// SearchPath is the PATH searched for slurmd and srun (before
 	// /usr/sbin, /usr/local/sbin and /opt/slurm/sbin).
 	SearchPath string
@@ -106,6 +111,7 @@ func Run(env Env) Report {
 		r.checkPlugstack(),
 		r.checkSlurmCgroup(),
 		r.checkGres(),
+		r.checkNVML(),
 		r.checkSocket(),
 		r.checkAudit(),
 	}
@@ -127,7 +133,10 @@ func Run(env Env) Report {
 
 // run holds what several checks share.
 type run struct {
-	env       *Env
+	env *Env
+	// gresTable is gres.conf resolved as the agent resolves it (set by
+	// checkGres when it can be), for the NVML check.
+	gresTable []devices.GPU
 	mounts    []mountEntry
 	mountsErr error
 	sock      socketFacts

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -88,6 +89,12 @@ func newNode(t *testing.T) *node {
 	n.env = Env{
 		Root: root, Config: cfg, Version: "test", AdminUID: uint32(os.Geteuid()),
 		ProbeKernel: func() (devfilter.Mode, error) { return devfilter.ModeScope, nil },
+		Inventory: func() ([]inventory.GPU, error) {
+			return []inventory.GPU{
+				{Index: 0, Minor: 0, UUID: "GPU-aaaa", PCIBusID: "00000000:18:00.0", Name: "NVIDIA H100 80GB HBM3"},
+				{Index: 1, Minor: 1, UUID: "GPU-bbbb", PCIBusID: "00000000:2A:00.0", Name: "NVIDIA H100 80GB HBM3"},
+			}, nil
+		},
 	}
 	return n
 }
@@ -260,8 +267,8 @@ func TestHealthyNode(t *testing.T) {
 	n := newNode(t)
 	r := n.run()
 	for _, c := range r.Checks {
-		if c.ID == "gres" && os.Geteuid() != 0 && c.Verdict == Info {
-			continue
+		if (c.ID == "gres" && c.Verdict == Info || c.ID == "nvml" && c.Verdict == Skip) && os.Geteuid() != 0 {
+			continue // no device nodes without root, so no GPU table
 		}
 		if c.Verdict != OK {
 			t.Errorf("%s: %s: %s", c.ID, c.Verdict, c.Summary)
@@ -427,6 +434,12 @@ func TestFailures(t *testing.T) {
 		{"gres MIG slice", func(n *node) {
 			n.write("/etc/slurm/gres.conf", "NodeName=gpu1 Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21\nNodeName=gpu1 Name=gpu File=/dev/nvidia1\n")
 			n.mknod("/dev/nvidia-caps/nvidia-cap21", 511, 21)
+			n.env.Inventory = func() ([]inventory.GPU, error) {
+				return []inventory.GPU{
+					{Index: 0, Minor: 0, UUID: "GPU-aaaa", MIGEnabled: true, MIG: []inventory.MIGDevice{{UUID: "MIG-a", GI: 1, CI: 0, GICapMinor: 21, CICapMinor: 22}}},
+					{Index: 1, Minor: 1, UUID: "GPU-bbbb"},
+				}, nil
+			}
 		}, "gres", OK, "2 GPU(s) (1 MIG slices)", "", nil},
 		{"gres MIG slice with the MIG config capability", func(n *node) {
 			n.write("/etc/slurm/gres.conf", "NodeName=gpu1 Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap1\n")
@@ -472,7 +485,9 @@ func TestFailures(t *testing.T) {
 			}
 			for _, o := range r.Checks {
 				if o.ID == tc.id || slices.Contains(tc.others, o.ID) || o.Verdict == OK ||
-					(o.ID == "gres" && o.Verdict == Info && os.Geteuid() != 0) {
+					(o.ID == "gres" && o.Verdict == Info && os.Geteuid() != 0) ||
+					// nvml compares with the gres table: it follows a broken one.
+					(o.ID == "nvml" && find(t, r, "gres").Verdict != OK) {
 					continue
 				}
 				t.Errorf("%s is %s too: %s", o.ID, o.Verdict, o.Summary)
@@ -591,14 +606,18 @@ func TestParallelClusterLayout(t *testing.T) {
 	n.writeMode("/opt/slurm/sbin/slurmd", "#!/bin/sh\necho 'slurm 24.11.5'\n", 0o755)
 	n.write("/opt/slurm/etc/slurm.conf", slurmConf)
 	n.write("/opt/slurm/etc/cgroup.conf", "CgroupMountpoint=/sys/fs/cgroup\n") // autodetect on pure v2
-	n.write("/opt/slurm/etc/gres.conf", gresConf)
+	if os.Geteuid() == 0 {
+		n.write("/opt/slurm/etc/gres.conf", gresConf)
+	} else {
+		n.write("/opt/slurm/etc/gres.conf", "NodeName=gpu2 Name=gpu File=/dev/nvidia[0-1]\n") // as in newNode
+	}
 	n.write("/opt/slurm/etc/plugstack.conf", "include /opt/slurm/etc/plugstack.conf.d/*\n")
 	n.write("/opt/slurm/etc/plugstack.conf.d/pyxis.conf", "required /usr/local/lib/slurm/spank_pyxis.so\n")
 	n.write("/opt/slurm/etc/plugstack.conf.d/gpufence.conf", "required /usr/lib/gpufence/spank_gpufence.so\n")
 	n.env.Config.SlurmConf = "/opt/slurm/etc/slurm.conf"
 	r := n.run()
 	for _, c := range r.Checks {
-		if c.Verdict != OK && !(c.ID == "gres" && c.Verdict == Info && os.Geteuid() != 0) {
+		if c.Verdict != OK && !((c.ID == "gres" && c.Verdict == Info || c.ID == "nvml" && c.Verdict == Skip) && os.Geteuid() != 0) {
 			t.Errorf("%s: %s: %s", c.ID, c.Verdict, c.Summary)
 		}
 	}
@@ -612,5 +631,44 @@ func TestParallelClusterLayout(t *testing.T) {
 	c := find(t, n.run(), "plugstack")
 	if c.Verdict != Fail || !strings.Contains(c.Fix, "to /opt/slurm/etc/plugstack.conf.d/gpufence.conf") {
 		t.Errorf("without the line: %s %q fix %q", c.Verdict, c.Summary, c.Fix)
+	}
+}
+
+// TestNVML: the gres.conf table against what the driver reports, as the
+// agent checks it at start.
+func TestNVML(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the fixture's GPU device nodes are made with mknod")
+	}
+	gpu := func(i int, minor uint32) inventory.GPU {
+		return inventory.GPU{Index: i, Minor: minor, UUID: fmt.Sprintf("GPU-%d", i), PCIBusID: "00000000:18:00.0", Name: "NVIDIA H100"}
+	}
+	for _, tc := range []struct {
+		name    string
+		nvml    string
+		inv     func() ([]inventory.GPU, error)
+		verdict Verdict
+		summary string
+	}{
+		{"driver agrees", config.NVMLAuto, func() ([]inventory.GPU, error) { return []inventory.GPU{gpu(0, 0), gpu(1, 1)}, nil }, OK, "the 2 GPU(s) of gres.conf are the ones the driver reports"},
+		{"driver has a third GPU", config.NVMLAuto, func() ([]inventory.GPU, error) { return []inventory.GPU{gpu(0, 0), gpu(1, 1), gpu(2, 2)}, nil }, Fail, "gives no GPU to any step"},
+		{"gres.conf names a GPU the driver lacks", config.NVMLAuto, func() ([]inventory.GPU, error) { return []inventory.GPU{gpu(0, 0), gpu(1, 5)}, nil }, Fail, "no GPU with minor 1"},
+		{"no driver, auto", config.NVMLAuto, func() ([]inventory.GPU, error) { return nil, fmt.Errorf("NVML init: %w", inventory.ErrNoDriver) }, Info, "uses gres.conf alone"},
+		{"no driver, required", config.NVMLRequired, func() ([]inventory.GPU, error) { return nil, fmt.Errorf("NVML init: %w", inventory.ErrNoDriver) }, Fail, "nvml: required"},
+		{"driver broken", config.NVMLAuto, func() ([]inventory.GPU, error) { return nil, errors.New("ERROR_UNKNOWN") }, Fail, "listing the GPUs failed"},
+		{"nvml off", config.NVMLOff, nil, Info, "nvml: off"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			n.env.Config.NVML = tc.nvml
+			n.env.Inventory = tc.inv
+			c := find(t, n.run(), "nvml")
+			if c.Verdict != tc.verdict || !strings.Contains(c.Summary, tc.summary) {
+				t.Errorf("nvml: %s %q, want %s with %q", c.Verdict, c.Summary, tc.verdict, tc.summary)
+			}
+			if (c.Verdict == Fail) != (c.Fix != "") {
+				t.Errorf("fail verdict and fix disagree: %s, fix %q", c.Verdict, c.Fix)
+			}
+		})
 	}
 }

@@ -277,7 +277,10 @@ func (r *run) checkGres() Check {
 			mapped[i].Files = append(mapped[i].Files, r.env.path(f))
 		}
 	}
-	if _, err := devices.Resolve(mapped, major, capsMajor); err != nil {
+	table, err := devices.Resolve(mapped, major, capsMajor)
+	if err == nil {
+		r.gresTable = table
+	} else {
 		c.fail("Fix gres.conf or the device nodes: the agent refuses to start with this GPU table.", "the agent refuses this GPU table: %s", unwrapPath(err, r.env))
 	}
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/doctor"
+	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -42,6 +43,7 @@ the fix:
                 required, with valid options and the agent's socket
   slurm-cgroup  ConstrainDevices, CgroupPlugin, ProctrackType, TaskPlugin
   gres          gres.conf's GPUs for this node against /dev and /proc/devices
+  nvml          gres.conf against the GPUs the NVIDIA driver reports (NVML), as the agent checks it
   agent-socket  the socket exists, is root's, 0600, and accepts connections
   audit         the audit file's folder, mode and free space; journald, syslog
 
@@ -78,6 +80,14 @@ Flags:
 	env := doctor.Env{
 		Root: *root, Config: cfg, Version: version.Version,
 		SearchPath: os.Getenv("PATH"),
+	}
+	env.Inventory = func() ([]inventory.GPU, error) {
+		inv, err := inventory.OpenSystem(inventory.Options{})
+		if err != nil {
+			return nil, err
+		}
+		defer inv.Close()
+		return inv.GPUs()
 	}
 	if os.Geteuid() == 0 {
 		env.ProbeKernel = devfilter.Probe
