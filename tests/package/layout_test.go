@@ -28,18 +28,19 @@ type entry struct {
 // want is the installed layout both packages share (docs/packaging.md and
 // the agreed layout), without the parts that differ per format.
 var want = map[string]fs.FileMode{
-	"/usr/sbin/gpufence":                        0o755,
-	"/usr/lib/gpufence":                         fs.ModeDir | 0o755,
-	"/usr/lib/gpufence/spank_gpufence_go.so":    0o644,
-	"/usr/lib/gpufence/link-plugin":             0o755,
-	"/etc/gpufence/agent.yaml":                  0o644,
-	"/etc/slurm/plugstack.conf.d/gpufence.conf": 0o644,
-	"/usr/share/gpufence/plugstack.conf":        0o644,
-	"/etc/logrotate.d/gpufence":                 0o644,
-	"/usr/lib/tmpfiles.d/gpufence.conf":         0o644,
-	"/usr/share/man/man8/gpufence.8.gz":         0o644,
-	"/usr/share/doc/gpufence/copyright":         0o644,
-	"/usr/share/doc/gpufence/README.md":         0o644,
+	"/usr/sbin/gpufence":                                  0o755,
+	"/usr/lib/gpufence":                                   fs.ModeDir | 0o755,
+	"/usr/lib/gpufence/spank_gpufence_go.so":              0o644,
+	"/usr/lib/gpufence/link-plugin":                       0o755,
+	"/etc/gpufence/agent.yaml":                            0o644,
+	"/etc/slurm/plugstack.conf.d/gpufence.conf":           0o644,
+	"/usr/share/gpufence/plugstack.conf":                  0o644,
+	"/usr/share/gpufence/grafana/gpufence-dashboard.json": 0o644,
+	"/etc/logrotate.d/gpufence":                           0o644,
+	"/usr/lib/tmpfiles.d/gpufence.conf":                   0o644,
+	"/usr/share/man/man8/gpufence.8.gz":                   0o644,
+	"/usr/share/doc/gpufence/copyright":                   0o644,
+	"/usr/share/doc/gpufence/README.md":                   0o644,
 }
 
 var conffiles = []string{"/etc/gpufence/agent.yaml", "/etc/logrotate.d/gpufence", "/etc/slurm/plugstack.conf.d/gpufence.conf"}
