@@ -88,15 +88,8 @@ func runInventory(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Usage: gpufence inventory [flags]\n\nLists the GPUs as the NVIDIA driver reports them through NVML: index, device minor, UUID, PCI bus id, name, MIG mode and MIG devices with their nvidia-caps minors. Exits %d when there is no driver.\n\nFlags:\n", exitNoDriver)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gpufence inventory: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	inv, err := inventory.OpenSystem(inventory.Options{MIGMinorsPath: *migMinors})
 	if err != nil {

@@ -80,6 +80,23 @@ func usage(w io.Writer) {
 	fmt.Fprintf(w, "\nRun 'gpufence COMMAND --help' for a command's flags. Documentation: README.md and docs/.\n")
 }
 
+// parseFlags parses a command's flags, which take no arguments. When ok is
+// false the command returns code: 0 after --help, 2 on a usage error (the
+// flag package has printed it).
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return 2, false
+	}
+	return 0, true
+}
+
 func runVersion(_ []string, stdout, _ io.Writer) int {
 	fmt.Fprintf(stdout, "gpufence %s\n", version.Version)
 	return 0
@@ -106,15 +123,8 @@ func runAgent(args []string, _, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Usage: gpufence agent [flags]\n\nRuns the node agent in the foreground, logging to stderr. Flags override the configuration file.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gpufence agent: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	cfg, err := loadConfig(fs, *cfgPath)
 	if err != nil {

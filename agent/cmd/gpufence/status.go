@@ -47,15 +47,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			"Exit status: 0 consistent, 1 something is off (listed under Problems), 2 usage error.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gpufence status: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	cfg, err := loadConfig(fs, *cfgPath)
 	if err != nil {
