@@ -10,7 +10,8 @@
 # archive keyring (when installed; else HTTPS alone), the Packages index
 # against InRelease's SHA256, and the .deb against the index's SHA256.
 #
-# env: DEBIAN_MIRROR (default https://deb.debian.org/debian)
+# env: DEBIAN_MIRROR (default: the Debian mirror apt uses here, else
+#        https://deb.debian.org/debian)
 #      DEBIAN_KEYRING (default /usr/share/keyrings/debian-archive-keyring.gpg)
 #      SLURM_HEADERS_ARCH (default amd64; the headers are the same on every arch)
 set -eu
@@ -23,7 +24,16 @@ cache=$1
 shift
 [ $# -gt 0 ] || exit 0
 
-mirror=${DEBIAN_MIRROR:-https://deb.debian.org/debian}
+# The mirror apt is set up with works where the Internet does not (a proxy,
+# a local mirror); gpgv below makes plain HTTP safe.
+apt_mirror() {
+	for f in /etc/apt/sources.list.d/*.sources; do
+		[ -f "$f" ] || continue
+		sed -n 's|^URIs:[[:space:]]*\([^[:space:]]*/debian\)/\{0,1\}[[:space:]]*$|\1|p' "$f" | head -n1
+	done | head -n1
+}
+mirror=${DEBIAN_MIRROR:-$(apt_mirror)}
+mirror=${mirror:-https://deb.debian.org/debian}
 keyring=${DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
 arch=${SLURM_HEADERS_ARCH:-amd64}
 mkdir -p "$cache"
@@ -50,6 +60,7 @@ for suite in "$@"; do
 	fi
 	w=$tmp/$suite
 	mkdir -p "$w"
+	log "$suite: from $mirror"
 	index=main/binary-$arch/Packages.xz
 
 	curl -fsSL --retry 3 -o "$w/InRelease" "$mirror/dists/$suite/InRelease" ||
@@ -58,6 +69,10 @@ for suite in "$@"; do
 		gpgv --quiet --keyring "$keyring" --output "$w/Release" "$w/InRelease" 2>"$w/gpgv.log" ||
 			die "$suite: InRelease signature does not verify against $keyring: $(cat "$w/gpgv.log")"
 	else
+		case $mirror in
+		https://*) ;;
+		*) die "$suite: no $keyring or gpgv, and $mirror is not HTTPS: nothing to check InRelease with (install gpgv and debian-archive-keyring)" ;;
+		esac
 		log "$suite: no $keyring or gpgv: trusting HTTPS for InRelease"
 		sed -n '/^-----BEGIN PGP SIGNATURE/q;p' "$w/InRelease" >"$w/Release"
 	fi
