@@ -29,14 +29,14 @@ var rootPackages = []string{"slurmd", "slurm-client", "systemd", "procps"}
 
 // rootTarball returns the cached debootstrap root, building it first when
 // missing (minutes, once per machine).
-func rootTarball(t *testing.T) string {
+func rootTarball(t *testing.T, suite string) string {
 	t.Helper()
 	mirror := os.Getenv("GPUFENCE_DEBIAN_MIRROR")
 	if mirror == "" {
 		mirror = hostMirror()
 	}
-	sum := sha256.Sum256([]byte(rootSuite + "\n" + mirror + "\n" + strings.Join(rootPackages, ",")))
-	tarball := filepath.Join(cacheDir, rootSuite+"-"+hex.EncodeToString(sum[:6])+".tar")
+	sum := sha256.Sum256([]byte(suite + "\n" + mirror + "\n" + strings.Join(rootPackages, ",")))
+	tarball := filepath.Join(cacheDir, suite+"-"+hex.EncodeToString(sum[:6])+".tar")
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func rootTarball(t *testing.T) string {
 	os.RemoveAll(build)
 	defer os.RemoveAll(build)
 	args := []string{"--variant=minbase", "--cache-dir=" + filepath.Join(cacheDir, "debs"),
-		"--include=" + strings.Join(rootPackages, ","), rootSuite, build, mirror}
+		"--include=" + strings.Join(rootPackages, ","), suite, build, mirror}
 	if err := os.MkdirAll(filepath.Join(cacheDir, "debs"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -88,13 +88,13 @@ func hostMirror() string {
 }
 
 // freshRoot unpacks the cached root into a temporary folder.
-func freshRoot(t *testing.T) string {
+func freshRoot(t *testing.T, suite string) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("installing into a debootstrap root needs root (chroot, device nodes)")
 	}
 	need(t, "chroot", "tar")
-	tarball := rootTarball(t)
+	tarball := rootTarball(t, suite)
 	root := t.TempDir()
 	if out, err := run("/", "tar", "--numeric-owner", "-C", root, "-xf", tarball); err != nil {
 		t.Fatalf("unpack %s: %v\n%s", tarball, err, out)
@@ -231,7 +231,7 @@ func tail(s string, n int) string {
 // purges it, and checks that nothing of it is left.
 func TestPrivilegedDebInstall(t *testing.T) {
 	p := packages(t)
-	root := freshRoot(t)
+	root := freshRoot(t, rootSuite)
 	if got := mustInRoot(t, root, "slurmd -V"); !strings.Contains(got, "22.05") {
 		t.Fatalf("the root's slurmd is %q, want 22.05", got)
 	}
@@ -372,7 +372,7 @@ func TestPrivilegedDebInstall(t *testing.T) {
 func TestPrivilegedRPMInstall(t *testing.T) {
 	p := packages(t)
 	need(t, "rpm")
-	root := freshRoot(t)
+	root := freshRoot(t, rootSuite)
 	before := snapshot(t, root)
 	if out, err := run("/", "rpm", "--root", root, "--initdb"); err != nil {
 		t.Fatalf("rpm --initdb: %v\n%s", err, out)
@@ -457,4 +457,43 @@ func installedE2E(t *testing.T, root string) {
 		t.Fatalf("the e2e run did not test the installed files (want %q and a PASS):\n%s", using, tail(string(out), 60))
 	}
 	t.Logf("e2e TestPrivilegedIsolation passed against the installed package in %s", time.Since(start).Round(time.Second))
+}
+
+// TestPrivilegedDebInstallNewerSlurm installs the .deb into Debian roots
+// with newer Slurm releases (trixie: 24.11; GPUFENCE_PKG_SUITES adds others,
+// e.g. sid, which changes daily and so is not in CI) and checks that the
+// install links the plugin built for that release and that its srun loads
+// it: each slurm-X.Y build works in its own Slurm, not only 22.05's.
+func TestPrivilegedDebInstallNewerSlurm(t *testing.T) {
+	p := packages(t)
+	suites := strings.Fields(os.Getenv("GPUFENCE_PKG_SUITES"))
+	if len(suites) == 0 {
+		suites = []string{"trixie"}
+	}
+	for _, suite := range suites {
+		t.Run(suite, func(t *testing.T) {
+			root := freshRoot(t, suite)
+			v := mustInRoot(t, root, "slurmd -V")
+			mm := regexp.MustCompile(`(\d+)\.(\d+)`).FindString(v)
+			if mm == "" {
+				t.Fatalf("slurmd -V in %s: %q", suite, v)
+			}
+			deb := "/tmp/" + filepath.Base(copyInto(t, p.deb, filepath.Join(root, "tmp")))
+			out := mustInRoot(t, root, "dpkg -i "+deb)
+			want := "slurm-" + mm + "/spank_gpufence.so"
+			if target, err := os.Readlink(filepath.Join(root, "usr/lib/gpufence/spank_gpufence.so")); err != nil || target != want {
+				t.Fatalf("%s (%s): plugin link -> %q (%v), want %s\n%s", suite, strings.TrimSpace(v), target, err, want, out)
+			}
+			if out, err := srunLoads(root); err != nil {
+				t.Fatalf("%s: srun %s does not load the %s plugin: %v\n%s", suite, mm, mm, err, out)
+			}
+			// The check can fail: the 22.05 build is refused by this srun.
+			mustInRoot(t, root, "/usr/lib/gpufence/link-plugin 22.05")
+			if out, err := srunLoads(root); err == nil {
+				t.Fatalf("%s: srun %s loaded the 22.05 plugin:\n%s", suite, mm, out)
+			}
+			t.Logf("%s: %s links and loads %s, and refuses slurm-22.05", suite, strings.TrimSpace(v), want)
+			mustInRoot(t, root, "dpkg -P gpufence")
+		})
+	}
 }
