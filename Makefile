@@ -78,6 +78,11 @@ vm-test: build ## production-like node in a throw-away VM: systemd, pure cgroup 
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
 	tests/vm/run-in-vm.sh tests/vm/node-systemd.sh $(BIN)/gpufence $(BIN)/spank_gpufence.so $(BIN)/spank_gpufence_go.so $(BIN)/gf-open
 
+.PHONY: vm-package-test
+vm-package-test: package ## install the .deb in a throw-away systemd VM and check units, enforcement, doctor, removal (root; ~80 s; not in CI)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
+	tests/vm/run-in-vm.sh tests/package/vm-deb.sh $(DIST)/gpufence_*.deb $(BIN)/gf-open
+
 .PHONY: demo
 demo: build ## local Slurm with 4 fake GPUs showing isolation and the denial log (root)
 	$(GO) run ./tests/cmd/gfcluster demo -bin $(BIN)
