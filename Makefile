@@ -83,6 +83,11 @@ vm-package-test: package ## install the .deb in a throw-away systemd VM and chec
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
 	tests/vm/run-in-vm.sh tests/package/vm-deb.sh $(DIST)/gpufence_*.deb $(BIN)/gf-open
 
+.PHONY: gpu-test
+gpu-test: build ## on a machine with an NVIDIA GPU: inventory vs nvidia-smi, a process without the GPU cannot use it (root; exit 77 = no driver)
+	CGO_ENABLED=1 $(GO) build -o $(BIN)/gpucheck ./tests/gpu/gpucheck
+	tests/gpu/run.sh
+
 .PHONY: demo
 demo: build ## local Slurm with 4 fake GPUs showing isolation and the denial log (root)
 	$(GO) run ./tests/cmd/gfcluster demo -bin $(BIN)

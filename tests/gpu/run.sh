@@ -22,8 +22,8 @@ work=$(mktemp -d /tmp/gpufence-gpu.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 trap 'echo "interrupted"; exit 130' INT TERM
 
-# A gpufence that can load NVML must be built with cgo; `make build` may
-# build it without (CGO_ENABLED=0), which then reports "built without cgo".
+# A gpufence that can load NVML must be built with cgo, as `make build` and
+# the packages build it; one built with CGO_ENABLED=0 reports "built without cgo".
 nvml_capable() {
 	local err
 	err=$("$1" inventory 2>&1 >/dev/null) && return 0
