@@ -41,3 +41,27 @@ func TestGPUIdleRecord(t *testing.T) {
 		}
 	}
 }
+
+// gpu_table_mismatch records validate, and need the mismatch in error.
+func TestGPUTableMismatchRecord(t *testing.T) {
+	r := Record{SchemaVersion: SchemaVersion, Seq: 1, BootID: testBootID, Time: time.Now(), Event: EventGPUTableMismatch,
+		Severity: SeverityError, Node: "n", Cluster: "c", AgentVersion: "v",
+		Message: "Slurm's GPU table (gres.conf) does not match the NVIDIA driver; steps that ask for a GPU are refused",
+		Error:   "count: gres.conf names 4 GPU devices for this node but the NVIDIA driver (NVML) sees 3 GPUs"}
+	good, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := validateLine(t, good); err != nil {
+		t.Fatalf("gpu_table_mismatch record rejected: %v\n%s", err, good)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(good, &m); err != nil {
+		t.Fatal(err)
+	}
+	delete(m, "error")
+	b, _ := json.Marshal(m)
+	if validateLine(t, b) == nil {
+		t.Error("gpu_table_mismatch without error accepted")
+	}
+}

@@ -37,6 +37,10 @@ const (
 	// EventGPUIdle: a job held a GPU below the idle utilization threshold
 	// for longer than metrics.idle_audit_after (once per idle spell).
 	EventGPUIdle Event = "gpu_idle"
+	// EventGPUTableMismatch: at start, Slurm's GPU table (gres.conf)
+	// disagreed with the GPUs the NVIDIA driver reports; severity error
+	// when the agent therefore gives no GPU to any step.
+	EventGPUTableMismatch Event = "gpu_table_mismatch"
 )
 
 // Severity is the record's importance; it maps to syslog and journald priorities.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
 )
@@ -58,11 +59,16 @@ func (d *Daemon) SetInventory(gpus []inventory.GPU) []inventory.Mismatch {
 	}
 	ms := inventory.Check(gpus, table)
 	for _, m := range ms {
+		sev, msg := audit.SeverityWarning, "Slurm's GPU table (gres.conf) and the NVIDIA driver disagree; GPUs are still given out"
 		if m.Severity == inventory.SeverityError {
 			d.log.Error("GPU table mismatch", "kind", m.Kind, "detail", m.Message)
+			sev, msg = audit.SeverityError, "Slurm's GPU table (gres.conf) does not match the NVIDIA driver; steps that ask for a GPU are refused"
 		} else {
 			d.log.Warn("GPU table warning", "kind", m.Kind, "detail", m.Message)
 		}
+		d.lifecycle(audit.EventGPUTableMismatch, sev, msg, func(r *audit.Record) {
+			r.Error = string(m.Kind) + ": " + m.Message
+		})
 	}
 	if errs := inventory.Errors(ms); len(errs) > 0 {
 		more := ""

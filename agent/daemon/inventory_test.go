@@ -113,6 +113,10 @@ func TestPrivilegedInventoryMismatchFailsClosed(t *testing.T) {
 	if r := call(d, stepd1, &pb.StepStart{JobId: 1, StepId: 0, Uid: 1000, StepGpus: ptr("1")}); !strings.Contains(r.Error, "does not match the NVIDIA driver") {
 		t.Errorf("GPU step with an untrusted table: %+v", r)
 	}
+	mism := tr.rec.records(audit.EventGPUTableMismatch)
+	if len(mism) == 0 || mism[0].Severity != audit.SeverityError || !strings.Contains(mism[0].Error, "count") {
+		t.Errorf("gpu_table_mismatch records: %+v, want an error one for the count", mism)
+	}
 	stepd2 := tr.sleeper(tr.mkdir("job_2/step_0/slurm"))
 	if r := call(d, stepd2, &pb.StepStart{JobId: 2, StepId: 0, Uid: 1000}); r.Error != "" {
 		t.Errorf("CPU-only step with an untrusted table: %s", r.Error)
