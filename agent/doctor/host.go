@@ -1,7 +1,6 @@
 package doctor
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,13 +11,8 @@ import (
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
-// mountEntry is one line of /proc/self/mountinfo (proc(5)).
-type mountEntry struct {
-	MountPoint string
-	FSType     string
-	Source     string
-	Options    string // super options, e.g. "rw,nsdelegate"
-}
+// mountEntry is one line of /proc/self/mountinfo.
+type mountEntry = devfilter.Mount
 
 func readMountinfo(path string) ([]mountEntry, error) {
 	f, err := os.Open(path)
@@ -26,45 +20,12 @@ func readMountinfo(path string) ([]mountEntry, error) {
 		return nil, err
 	}
 	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if sep < 5 || sep+2 >= len(fields) {
-			return nil, fmt.Errorf("%s: malformed line %q", path, sc.Text())
-		}
-		m := mountEntry{MountPoint: unescapeOctal(fields[4]), FSType: fields[sep+1], Source: unescapeOctal(fields[sep+2])}
-		if sep+3 < len(fields) {
-			m.Options = fields[sep+3]
-		}
-		out = append(out, m)
+	mounts, err := devfilter.ParseMountinfo(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	return out, nil
+	return mounts, nil
 }
-
-// unescapeOctal undoes the kernel's escapes in mountinfo (\040 for a space).
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
-			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isOctal(c byte) bool { return c >= '0' && c <= '7' }
 
 // mountOf returns the mount that holds path: the longest mount point
 // containing it, the last such line when mounts are stacked.

@@ -6,43 +6,59 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
-// mount is one cgroup2 line of /proc/self/mountinfo.
-type mount struct {
-	// Root is the cgroup the mount shows at its mount point (not "/" for
-	// a bind mount of a subtree or inside a cgroup namespace).
+// Mount is one line of /proc/self/mountinfo (proc(5)).
+type Mount struct {
+	// Root is the part of the file system the mount shows at its mount
+	// point: for cgroup2 the cgroup there (not "/" for a bind mount of a
+	// subtree or inside a cgroup namespace).
 	Root       string
 	MountPoint string
+	FSType     string
+	Source     string
+	Options    string // super options, e.g. "rw,nsdelegate"
 }
 
-// cgroup2Mounts parses mountinfo (proc(5)) and returns its cgroup2 mounts.
-func cgroup2Mounts(r io.Reader) ([]mount, error) {
-	var mounts []mount
+// ParseMountinfo parses mountinfo (proc(5)), undoing the kernel's escapes.
+func ParseMountinfo(r io.Reader) ([]Mount, error) {
+	var mounts []Mount
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || sep+1 >= len(fields) {
+		sep := slices.Index(fields, "-")
+		if sep < 5 || sep+2 >= len(fields) {
 			return nil, fmt.Errorf("parse mountinfo: malformed line %q", sc.Text())
 		}
-		if fields[sep+1] != "cgroup2" {
-			continue
+		m := Mount{Root: unescapeMountinfo(fields[3]), MountPoint: unescapeMountinfo(fields[4]),
+			FSType: fields[sep+1], Source: unescapeMountinfo(fields[sep+2])}
+		if sep+3 < len(fields) {
+			m.Options = fields[sep+3]
 		}
-		mounts = append(mounts, mount{Root: unescapeMountinfo(fields[3]), MountPoint: unescapeMountinfo(fields[4])})
+		mounts = append(mounts, m)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("parse mountinfo: %w", err)
+	}
+	return mounts, nil
+}
+
+// cgroup2Mounts returns the cgroup2 mounts of mountinfo.
+func cgroup2Mounts(r io.Reader) ([]Mount, error) {
+	all, err := ParseMountinfo(r)
+	if err != nil {
+		return nil, err
+	}
+	var mounts []Mount
+	for _, m := range all {
+		if m.FSType == "cgroup2" {
+			mounts = append(mounts, m)
+		}
 	}
 	return mounts, nil
 }
@@ -70,7 +86,7 @@ func isOctal(c byte) bool { return c >= '0' && c <= '7' }
 // cgroup is level 0), as bpf_get_current_ancestor_cgroup_id counts it. dir
 // must be clean and absolute; the mount with the longest matching mount
 // point is used.
-func cgroupLevel(mounts []mount, dir string) (int, error) {
+func cgroupLevel(mounts []Mount, dir string) (int, error) {
 	dir = filepath.Clean(dir)
 	best := -1
 	for i, m := range mounts {
