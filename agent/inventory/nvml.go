@@ -58,46 +58,61 @@ func (inv *Inventory) Close() error {
 // GPUs lists every GPU NVML sees, in NVML index order, with its MIG devices
 // and the nvidia-caps minors that grant them.
 func (inv *Inventory) GPUs() ([]GPU, error) {
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	if inv.closed {
-		return nil, ErrClosed
-	}
-	n, ret := inv.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("NVML device count: %v", ret)
-	}
-	gpus := make([]GPU, 0, n)
+	gpus := []GPU{}
 	var caps *MIGMinors
-	for i := 0; i < n; i++ {
-		dev, ret := inv.lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("NVML GPU %d: handle: %v", i, ret)
-		}
+	err := inv.eachDevice(func(i int, dev nvml.Device) error {
 		g, err := readGPU(i, dev)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if g.MIGEnabled {
 			if g.MIG, err = readMIG(g, dev); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		if len(g.MIG) > 0 {
 			if caps == nil {
 				c, err := ReadMIGMinors(inv.opts.migMinorsPath())
 				if err != nil {
-					return nil, fmt.Errorf("NVML GPU %d has MIG devices: %w", i, err)
+					return fmt.Errorf("NVML GPU %d has MIG devices: %w", i, err)
 				}
 				caps = &c
 			}
 			if err := capMinors(&g, caps, inv.opts.migMinorsPath()); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		gpus = append(gpus, g)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return gpus, nil
+}
+
+// eachDevice calls fn with each GPU's NVML index and handle, in index
+// order, under the inventory's lock; the first error stops it.
+func (inv *Inventory) eachDevice(fn func(i int, dev nvml.Device) error) error {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if inv.closed {
+		return ErrClosed
+	}
+	n, ret := inv.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("NVML device count: %v", ret)
+	}
+	for i := 0; i < n; i++ {
+		dev, ret := inv.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("NVML GPU %d: handle: %v", i, ret)
+		}
+		if err := fn(i, dev); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func readGPU(i int, dev nvml.Device) (GPU, error) {
@@ -204,23 +219,10 @@ func capMinors(g *GPU, caps *MIGMinors, file string) error {
 // report utilization (MIG-enabled GPUs answer ERROR_NOT_SUPPORTED) has
 // UtilizationKnown false.
 func (inv *Inventory) Sample() ([]Usage, error) {
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	if inv.closed {
-		return nil, ErrClosed
-	}
-	n, ret := inv.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("NVML device count: %v", ret)
-	}
-	out := make([]Usage, 0, n)
-	for i := 0; i < n; i++ {
-		fail := func(what string, ret nvml.Return) ([]Usage, error) {
-			return nil, fmt.Errorf("NVML GPU %d: %s: %v", i, what, ret)
-		}
-		dev, ret := inv.lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return fail("handle", ret)
+	out := []Usage{}
+	err := inv.eachDevice(func(i int, dev nvml.Device) error {
+		fail := func(what string, ret nvml.Return) error {
+			return fmt.Errorf("NVML GPU %d: %s: %v", i, what, ret)
 		}
 		u := Usage{Index: i}
 		minor, ret := dev.GetMinorNumber()
@@ -244,6 +246,10 @@ func (inv *Inventory) Sample() ([]Usage, error) {
 		}
 		u.MemoryUsed, u.MemoryTotal = mem.Used, mem.Total
 		out = append(out, u)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
