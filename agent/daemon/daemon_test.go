@@ -140,23 +140,8 @@ func (tr *tree) sleeper(dir string) int {
 
 // open reports what each fake device gives a process in cgroup dir.
 func (tr *tree) open(dir string) map[string]string {
-	var paths []string
-	for _, n := range []string{"nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"} {
-		paths = append(paths, filepath.Join(tr.dev, n))
-	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), "GPUFENCE_TEST_OPEN="+strings.Join(paths, ","))
-	var out []byte
-	err := tr.inCgroup(dir, cmd, func() (err error) { out, err = cmd.CombinedOutput(); return err })
-	if err != nil {
-		tr.t.Fatalf("open helper: %v\n%s", err, out)
-	}
-	res := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		k, v, _ := strings.Cut(l, " ")
-		res[k] = v
-	}
-	return res
+	tr.t.Helper()
+	return tr.openNames(dir, "nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl")
 }
 
 func (tr *tree) expect(dir string, allowed ...int) {

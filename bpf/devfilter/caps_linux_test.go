@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -226,31 +224,7 @@ func TestPrivilegedPinUpgradeFromLayout1(t *testing.T) {
 		// The first layout did not narrow the caps major.
 		fx.expectCaps(t, "job_1/step_0/user/task_0", capsTestMinors...)
 
-		fd, err := unix.Open(fx.path("job_1/step_0/user/task_0"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fd)
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), loopEnv+"="+fx.devDir)
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer cmd.Process.Kill()
-		sc := bufio.NewScanner(stdout)
-		if !sc.Scan() || sc.Text() != "ready" {
-			t.Fatalf("child: %q, %v", sc.Text(), sc.Err())
-		}
+		loop := startOpenLoop(t, fx, "job_1/step_0/user/task_0")
 
 		f = mustNew(t, o)
 		if !f.Adopted() {
@@ -274,21 +248,7 @@ func TestPrivilegedPinUpgradeFromLayout1(t *testing.T) {
 			t.Errorf("pinned config = %+v, want caps major %d", view.Config, fx.capsMajor)
 		}
 
-		stdin.Close()
-		counts := map[string]map[unix.Errno]int{"nvidia0": {}, "nvidia1": {}}
-		for sc.Scan() {
-			var (
-				name     string
-				errno, k int
-			)
-			if _, err := fmt.Sscan(sc.Text(), &name, &errno, &k); err != nil {
-				t.Fatalf("child output %q: %v", sc.Text(), err)
-			}
-			counts[name][unix.Errno(errno)] = k
-		}
-		if err := cmd.Wait(); err != nil {
-			t.Fatalf("child: %v", err)
-		}
+		counts := loop.stop(t)
 		t.Logf("upgrade from layout 1: foreign GPU nvidia1: %s; own GPU nvidia0: %s",
 			fmtCounts(counts["nvidia1"]), fmtCounts(counts["nvidia0"]))
 		for errno, k := range counts["nvidia1"] {

@@ -24,6 +24,67 @@ import (
 // then prints "name errno count" lines.
 const loopEnv = "GPUFENCE_DEVFILTER_TEST_CHILD_LOOP"
 
+// openLoop is a childLoop process in a task cgroup of the fixture.
+type openLoop struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+// startOpenLoop starts a childLoop in the fixture's cgroup task (relative
+// path) and returns once it opens devices.
+func startOpenLoop(t *testing.T, fx *fixture, task string) *openLoop {
+	t.Helper()
+	fd, err := unix.Open(fx.path(task), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), loopEnv+"="+fx.devDir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() || sc.Text() != "ready" {
+		t.Fatalf("child: %q, %v", sc.Text(), sc.Err())
+	}
+	return &openLoop{cmd: cmd, stdin: stdin, out: sc}
+}
+
+// stop ends the loop and returns how often each device opened with each
+// errno.
+func (l *openLoop) stop(t *testing.T) map[string]map[unix.Errno]int {
+	t.Helper()
+	l.stdin.Close()
+	counts := map[string]map[unix.Errno]int{"nvidia0": {}, "nvidia1": {}}
+	for l.out.Scan() {
+		var (
+			name     string
+			errno, k int
+		)
+		if _, err := fmt.Sscan(l.out.Text(), &name, &errno, &k); err != nil {
+			t.Fatalf("child output %q: %v", l.out.Text(), err)
+		}
+		counts[name][unix.Errno(errno)] = k
+	}
+	if err := l.cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	return counts
+}
+
 func childLoop(dir string) int {
 	var stop atomic.Bool
 	go func() {
@@ -209,31 +270,7 @@ func TestPrivilegedPinNoWindowOnUpgrade(t *testing.T) {
 		}
 		mustClose(t, f)
 
-		fd, err := unix.Open(fx.path("job_1/step_0/user/task_0"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fd)
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), loopEnv+"="+fx.devDir)
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer cmd.Process.Kill()
-		sc := bufio.NewScanner(stdout)
-		if !sc.Scan() || sc.Text() != "ready" {
-			t.Fatalf("child: %q, %v", sc.Text(), sc.Err())
-		}
+		loop := startOpenLoop(t, fx, "job_1/step_0/user/task_0")
 
 		const upgrades = 20
 		for i := range upgrades {
@@ -261,21 +298,7 @@ func TestPrivilegedPinNoWindowOnUpgrade(t *testing.T) {
 		}
 		testSpecHook = nil
 
-		stdin.Close()
-		counts := map[string]map[unix.Errno]int{"nvidia0": {}, "nvidia1": {}}
-		for sc.Scan() {
-			var (
-				name     string
-				errno, k int
-			)
-			if _, err := fmt.Sscan(sc.Text(), &name, &errno, &k); err != nil {
-				t.Fatalf("child output %q: %v", sc.Text(), err)
-			}
-			counts[name][unix.Errno(errno)] = k
-		}
-		if err := cmd.Wait(); err != nil {
-			t.Fatalf("child: %v", err)
-		}
+		counts := loop.stop(t)
 		t.Logf("%d starts (%d with changed maps): foreign GPU nvidia1: %s; own GPU nvidia0: %s",
 			upgrades, upgrades/2, fmtCounts(counts["nvidia1"]), fmtCounts(counts["nvidia0"]))
 		for errno, k := range counts["nvidia1"] {
