@@ -183,6 +183,19 @@ func binaries(ctx context.Context) (gpufence, plugin string, err error) {
 	return filepath.Join(root, "bin", "gpufence"), filepath.Join(root, "bin", "spank_gpufence.so"), nil
 }
 
+// batchAndStep runs a batch job holding jobGres whose script probes paths,
+// then probes them again in an inner srun step holding stepGres, and
+// returns both probes' output.
+func (st *suite) batchAndStep(t *testing.T, name string, paths []string, jobGres, stepGres string) (batch, step cluster.OpenReport) {
+	t.Helper()
+	out := filepath.Join(st.c.Root(), "work", name+".$SLURM_JOB_ID")
+	probe := st.open + " -env " + strings.Join(paths, " ")
+	script := fmt.Sprintf("%s > %s.batch\nsrun --gres=%s %s > %s.step\n", probe, out, stepGres, probe, out)
+	id := st.submit(t, nil, []string{"--gres=" + jobGres}, script)
+	out = strings.ReplaceAll(out, "$SLURM_JOB_ID", id)
+	return st.readOut(t, out+".batch"), st.readOut(t, out+".step")
+}
+
 // plugstackLine is the suite's usual plugstack.conf line; extra options
 // (key=value) are appended.
 func (st *suite) plugstackLine(extra ...string) string {
@@ -353,12 +366,7 @@ func isolationChecks(t *testing.T, st *suite) {
 	})
 
 	t.Run("sbatch gpu:2 with a gpu:1 step", func(t *testing.T) {
-		out := filepath.Join(st.c.Root(), "work", "steps.$SLURM_JOB_ID")
-		script := fmt.Sprintf("%s -env %s > %s.batch\nsrun --gres=gpu:1 %s -env %s > %s.step\n",
-			st.open, strings.Join(st.paths(), " "), out, st.open, strings.Join(st.paths(), " "), out)
-		id := st.submit(t, nil, []string{"--gres=gpu:2"}, script)
-		batch := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".batch")
-		step := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".step")
+		batch, step := st.batchAndStep(t, "steps", st.paths(), "gpu:2", "gpu:1")
 		jobGPUs := gpusOf(t, batch, "SLURM_JOB_GPUS")
 		if len(jobGPUs) != 2 {
 			t.Fatalf("batch step has SLURM_JOB_GPUS=%v", jobGPUs)

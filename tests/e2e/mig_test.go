@@ -233,12 +233,7 @@ func TestPrivilegedMIG(t *testing.T) {
 	})
 
 	t.Run("batch job with two slices, a step narrowed to one", func(t *testing.T) {
-		out := filepath.Join(st.c.Root(), "work", "mig-$SLURM_JOB_ID")
-		paths := strings.Join(st.migPaths(), " ")
-		script := fmt.Sprintf("%s -env %s > %s.batch\nsrun --gres=gpu:%s:1 %s -env %s > %s.step\n", st.open, paths, out, slice, st.open, paths, out)
-		id := st.submit(t, nil, []string{"--gres=gpu:" + slice + ":2"}, script)
-		batch := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".batch")
-		step := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".step")
+		batch, step := st.batchAndStep(t, "mig", st.migPaths(), "gpu:"+slice+":2", "gpu:"+slice+":1")
 		probe.add(batch)
 		probe.add(step)
 		jobGPUs := gpusOf(t, batch, "SLURM_JOB_GPUS")
