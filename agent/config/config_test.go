@@ -34,28 +34,40 @@ func TestLoad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := filepath.Join(t.TempDir(), "agent.yaml")
-			if err := os.WriteFile(p, []byte(tt.body), 0o644); err != nil {
-				t.Fatal(err)
+			if c, ok := loadYAML(t, tt.body, tt.wantErr); ok {
+				tt.check(t, c)
 			}
-			c, err := Load(p, true)
-			if len(tt.wantErr) > 0 {
-				if err == nil {
-					t.Fatal("no error")
-				}
-				for _, w := range tt.wantErr {
-					if !strings.Contains(err.Error(), w) {
-						t.Errorf("error %q does not name %q", err, w)
-					}
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			tt.check(t, c)
 		})
 	}
+}
+
+// loadYAML writes body as an agent.yaml and loads it. With wantErr, Load
+// must fail with an error naming each string; ok is then false, as it is
+// after any failed check.
+func loadYAML(t *testing.T, body string, wantErr []string) (c Config, ok bool) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "agent.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(p, true)
+	if len(wantErr) > 0 {
+		if err == nil {
+			t.Errorf("%q: no error", body)
+			return c, false
+		}
+		for _, w := range wantErr {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%q: error %q does not name %q", body, err, w)
+			}
+		}
+		return c, false
+	}
+	if err != nil {
+		t.Errorf("%q: %v", body, err)
+		return c, false
+	}
+	return c, true
 }
 
 func TestLoadMissing(t *testing.T) {

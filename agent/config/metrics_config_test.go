@@ -1,9 +1,6 @@
 package config
 
 import (
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -28,24 +25,9 @@ func TestMetricsConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := filepath.Join(t.TempDir(), "agent.yaml")
-			if err := os.WriteFile(p, []byte(tt.body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			c, err := Load(p, true)
-			if len(tt.wantErr) > 0 {
-				if err == nil {
-					t.Fatal("no error")
-				}
-				for _, w := range tt.wantErr {
-					if !strings.Contains(err.Error(), w) {
-						t.Errorf("error %q does not name %q", err, w)
-					}
-				}
+			c, ok := loadYAML(t, tt.body, tt.wantErr)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if c.Metrics != tt.want {
 				t.Errorf("metrics %+v, want %+v", c.Metrics, tt.want)

@@ -1,9 +1,6 @@
 package config
 
 import (
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -18,19 +15,16 @@ func TestNVMLConfig(t *testing.T) {
 		{name: "yaml bool is no value", body: "nvml: false\n", wantErr: `nvml: "false"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := filepath.Join(t.TempDir(), "agent.yaml")
-			if err := os.WriteFile(p, []byte(tc.body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			c, err := Load(p, true)
+			var wantErr []string
 			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want %q", err, tc.wantErr)
-				}
+				wantErr = []string{tc.wantErr}
+			}
+			c, ok := loadYAML(t, tc.body, wantErr)
+			if !ok {
 				return
 			}
-			if err != nil || c.NVML != tc.want {
-				t.Fatalf("nvml = %q, %v; want %q", c.NVML, err, tc.want)
+			if c.NVML != tc.want {
+				t.Fatalf("nvml = %q; want %q", c.NVML, tc.want)
 			}
 		})
 	}
