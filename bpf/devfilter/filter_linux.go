@@ -310,7 +310,21 @@ func attachFD(fd int, prog *ebpf.Program) (link.Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	return raw, nil
+	// A raw link's Info leaves out which cgroup it is on; the typed link
+	// (what a pinned link loads as) tells it, which the scope check needs.
+	dup, err := unix.FcntlInt(uintptr(raw.FD()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("dup link fd: %w", err), raw.Close())
+	}
+	typed, err := link.NewFromFD(dup)
+	if err != nil {
+		unix.Close(dup)
+		return nil, errors.Join(err, raw.Close())
+	}
+	if err := raw.Close(); err != nil {
+		return nil, errors.Join(err, typed.Close())
+	}
+	return typed, nil
 }
 
 // Mode is the mode the filter runs in.
