@@ -41,6 +41,11 @@ const (
 	// disagreed with the GPUs the NVIDIA driver reports; severity error
 	// when the agent therefore gives no GPU to any step.
 	EventGPUTableMismatch Event = "gpu_table_mismatch"
+	// EventFilterReattached: Slurm's scope cgroup was made again (same
+	// path, new cgroup), so the filter's link was on a dead cgroup; the
+	// program was re-attached to the live scope before any step was
+	// answered. reason says which ids differed.
+	EventFilterReattached Event = "filter_reattached"
 )
 
 // Severity is the record's importance; it maps to syslog and journald priorities.

@@ -35,6 +35,12 @@ type Config struct {
 	// SlurmConf is Slurm's slurm.conf; gres.conf and cgroup.conf are read
 	// from the same folder.
 	SlurmConf string `yaml:"slurm_conf"`
+	// SlurmBinDir holds scontrol and squeue, with which the agent asks
+	// slurmctld about jobs (recover_from_slurmctld, and whether a job whose
+	// epilog it missed has ended); empty: <prefix>/bin when slurm_conf is
+	// <prefix>/etc/slurm.conf and scontrol is there (ParallelCluster's
+	// /opt/slurm), else PATH.
+	SlurmBinDir string `yaml:"slurm_bin_dir"`
 	// NodeName is this node's name in gres.conf (slurmd's -N); default the
 	// short host name.
 	NodeName string `yaml:"node_name"`
@@ -80,9 +86,10 @@ type Config struct {
 	// StateFile keeps which job and step each kernel entry belongs to
 	// across agent restarts; empty keeps it in memory only.
 	StateFile string `yaml:"state_file"`
-	// RecoverFromSlurmctld asks slurmctld (scontrol show job -d) for the
-	// GPUs of a job whose prolog record is missing (agent down at job start,
-	// state lost), instead of giving its steps no GPU.
+	// RecoverFromSlurmctld asks slurmctld for the GPUs of a job whose prolog
+	// record is missing (agent down at job start, state lost), instead of
+	// giving its steps no GPU. Only output no job user can steer is read:
+	// JSON where the release prints it, else strictly structured text.
 	RecoverFromSlurmctld bool `yaml:"recover_from_slurmctld"`
 	// FailOpenSpool is where the SPANK plugin (failure=open, spool=) records
 	// steps it let run without isolation; the agent audits and removes them.
@@ -283,6 +290,9 @@ func (c Config) Validate(source string) error {
 	}
 	if c.NodeName == "" {
 		bad("node_name", "empty, and the host name could not be read")
+	}
+	if c.SlurmBinDir != "" && !filepath.IsAbs(c.SlurmBinDir) {
+		bad("slurm_bin_dir", "%q must be an absolute path", c.SlurmBinDir)
 	}
 	if c.Scope != "" && !filepath.IsAbs(c.Scope) {
 		bad("scope", "%q must be an absolute cgroup directory", c.Scope)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/devices"
@@ -82,27 +83,72 @@ func (d *Daemon) policyMode() string {
 	return audit.ModeEnforce
 }
 
-// userName caches uid → name lookups (NSS can be slow).
+// userNames caches uid → name lookups: NSS can be slow (LDAP, SSSD), so a
+// lookup is never made while the daemon's lock is held (get is called
+// before, cached under it). A failed lookup is remembered only briefly, so
+// a directory that was down is asked again.
 type userNames struct {
 	mu    sync.Mutex
-	names map[uint32]string
+	names map[uint32]userName
+	// lookup is user.LookupId's name; tests replace it.
+	lookup func(uid uint32) (string, error)
 }
 
+type userName struct {
+	name    string
+	expires time.Time
+}
+
+const (
+	userNameTTL       = time.Hour
+	userNameFailedTTL = 30 * time.Second
+)
+
+// get returns uid's name, asking NSS when it is not cached. Never call it
+// with d.mu held.
 func (u *userNames) get(uid uint32) string {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if n, ok := u.names[uid]; ok {
+	if n, ok := u.lookupCache(uid); ok {
 		return n
 	}
+	lookup := u.lookup
+	if lookup == nil {
+		lookup = func(uid uint32) (string, error) {
+			usr, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+			if err != nil {
+				return "", err
+			}
+			return usr.Username, nil
+		}
+	}
+	name, err := lookup(uid)
+	ttl := userNameTTL
+	if err != nil {
+		name, ttl = "", userNameFailedTTL
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
 	if u.names == nil {
-		u.names = map[uint32]string{}
+		u.names = map[uint32]userName{}
 	}
-	name := ""
-	if usr, err := user.LookupId(strconv.FormatUint(uint64(uid), 10)); err == nil {
-		name = usr.Username
-	}
-	u.names[uid] = name
+	u.names[uid] = userName{name: name, expires: time.Now().Add(ttl)}
 	return name
+}
+
+// cached returns uid's name only if it is cached; "" otherwise. It never
+// asks NSS, so it is safe under d.mu.
+func (u *userNames) cached(uid uint32) string {
+	n, _ := u.lookupCache(uid)
+	return n
+}
+
+func (u *userNames) lookupCache(uid uint32) (string, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n, ok := u.names[uid]
+	if !ok || time.Now().After(n.expires) {
+		return n.name, false
+	}
+	return n.name, true
 }
 
 // accessRecord attributes one kernel event: job and step from the cgroup,

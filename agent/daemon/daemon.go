@@ -49,7 +49,18 @@ type Filter interface {
 	Lost() (uint64, error)
 	SetAuditOnly(on bool) error
 	Policies() (map[uint64]devfilter.Policy, error)
+	// ScopeCgroupID and Reattach are for ModeScope: the cgroup the scope
+	// link is on (0 or a stale id once that cgroup is gone), and moving the
+	// program onto the scope as it is now.
+	ScopeCgroupID() (uint64, error)
+	Reattach(scope string) error
 	Close() error
+}
+
+// JobSource is slurmctld as the daemon asks it about jobs it has no prolog
+// record of, or whose end it did not see; *slurm.Controller implements it.
+type JobSource interface {
+	Job(ctx context.Context, id uint32) (slurm.ControllerJob, error)
 }
 
 // FilterFactory attaches a filter on Slurm's slurmstepd scope directory.
@@ -90,10 +101,22 @@ type Daemon struct {
 	table  map[int]policy.Devices
 	byCaps map[uint32][]int
 
-	mu      sync.Mutex
-	filter  Filter
-	scope   string
+	// ctld answers for jobs without a prolog record and for jobs whose
+	// end the agent may have missed.
+	ctld JobSource
+
+	mu     sync.Mutex
+	filter Filter
+	scope  string
+	// scopeID is the scope's cgroup id when the filter was attached (scope
+	// mode): a scope made again at the same path has another.
+	scopeID uint64
 	jobs    map[uint32]*job
+	// asked is when slurmctld was last asked for a job's GPUs (recovery).
+	asked map[uint32]time.Time
+	// ended are per-cgroup mode entries of ended steps, kept deny-all
+	// until their cgroup is gone.
+	ended   map[uint64]devfilter.Cgroup
 	owners  map[uint64]owner
 	exempts map[string]devfilter.Cgroup
 	events  sync.WaitGroup
@@ -115,8 +138,10 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		cfg: cfg, log: log.With("component", "agent"), mount: mount, newFilter: newFilter,
 		gpus: map[int]devices.GPU{}, table: map[int]policy.Devices{}, byMinor: map[uint32][]int{}, byCaps: map[uint32][]int{},
 		jobs: map[uint32]*job{}, owners: map[uint64]owner{}, exempts: map[string]devfilter.Cgroup{},
+		asked: map[uint32]time.Time{}, ended: map[uint64]devfilter.Cgroup{},
 		settings: settingsCache{path: cfg.SlurmConf},
 		rec:      rec, nvidiaMajor: nvidiaMajor, capsMajor: cfg.NvidiaCapsMajor,
+		ctld: &slurm.Controller{SlurmConf: cfg.SlurmConf, Node: cfg.NodeName, BinDir: cfg.SlurmBinDir},
 	}
 	if d.rec == nil {
 		d.rec = nopRecorder{}
@@ -199,12 +224,10 @@ func (d *Daemon) findScope() string {
 // attachLocked attaches the filter on scope, once. d.mu is held.
 func (d *Daemon) attachLocked(scope string) error {
 	if d.filter != nil {
-		if d.scope != scope {
-			return fmt.Errorf("step is under scope %s but the device filter is attached to %s", scope, d.scope)
-		}
-		return nil
+		return d.ensureScopeLocked(scope)
 	}
 	d.cleanStaleLocked(scope)
+	id, _ := jobcgroup.ID(scope)
 	f, err := d.newFilter(scope)
 	if err != nil {
 		err = fmt.Errorf("attach device filter to %s: %w", scope, err)
@@ -213,7 +236,7 @@ func (d *Daemon) attachLocked(scope string) error {
 		})
 		return err
 	}
-	d.filter, d.scope = f, scope
+	d.filter, d.scope, d.scopeID = f, scope, id
 	adopted := false
 	if a, ok := f.(interface{ Adopted() bool }); ok {
 		adopted = a.Adopted()
@@ -221,6 +244,61 @@ func (d *Daemon) attachLocked(scope string) error {
 	d.log.Info("device filter attached", keyCgroup, scope, "mode", f.Mode(), "adopted_pinned", adopted)
 	d.events.Add(1)
 	go d.readEvents(f)
+	d.refreshExemptLocked()
+	return nil
+}
+
+// ensureScopeLocked makes sure, before a step is answered, that the filter
+// is on Slurm's scope as it is now. In scope mode a scope made again at the
+// same path (its unit stopped, its keep-alive gone, a Slurm upgrade) is a
+// new cgroup with no program on it: every job below it would run
+// unfiltered. The scope directory's cgroup id and the link's are compared;
+// on a mismatch the program is re-attached to the live scope (pinned,
+// atomically) and that is audited. Until that succeeds the error refuses
+// the step. d.mu is held.
+func (d *Daemon) ensureScopeLocked(scope string) error {
+	if d.filter.Mode() != devfilter.ModeScope {
+		if scope != d.scope {
+			return fmt.Errorf("step is under scope %s but the device filter is attached to %s", scope, d.scope)
+		}
+		return nil
+	}
+	id, err := jobcgroup.ID(scope)
+	if err != nil {
+		return fmt.Errorf("Slurm's scope %s: %w", scope, err)
+	}
+	linked, lerr := d.filter.ScopeCgroupID()
+	if scope == d.scope && id == d.scopeID && lerr == nil && linked == id {
+		return nil
+	}
+	if scope != d.scope {
+		// Another scope path: only when the old one is gone (a CgroupSlice
+		// change), never two live scopes on one node.
+		if oldID, err := jobcgroup.ID(d.scope); err == nil && oldID == d.scopeID && linked == oldID {
+			return fmt.Errorf("step is under scope %s but the device filter is attached to %s, which still exists", scope, d.scope)
+		}
+	}
+	why := fmt.Sprintf("Slurm's scope %s is cgroup %d; the device filter's link was on cgroup %d (link reports %d)", scope, id, d.scopeID, linked)
+	if lerr != nil {
+		why = fmt.Sprintf("Slurm's scope %s is cgroup %d; the device filter's link cannot be read (%v)", scope, id, lerr)
+	}
+	start := time.Now()
+	if err := d.filter.Reattach(scope); err != nil {
+		err = fmt.Errorf("re-attach device filter to %s: %w", scope, err)
+		d.log.Error("the device filter is not on Slurm's live scope and cannot be re-attached; steps are refused", "reason", why, "err", err)
+		d.lifecycle(audit.EventFilterAttachFailed, audit.SeverityError, "the GPU device filter is not on Slurm's live scope and could not be re-attached; steps are refused: "+why, func(r *audit.Record) {
+			r.Cgroup, r.CgroupID, r.Error = scope, id, err.Error()
+		})
+		return err
+	}
+	old := d.scopeID
+	d.scope, d.scopeID = scope, id
+	took := time.Since(start)
+	d.log.Warn("device filter re-attached to Slurm's recreated scope", keyCgroup, scope, "cgroup_id", id, "old_cgroup_id", old, "took", took)
+	d.lifecycle(audit.EventFilterReattached, audit.SeverityWarning,
+		fmt.Sprintf("Slurm's scope was made again (%s); the GPU device filter was re-attached to it in %v", why, took.Round(time.Microsecond)), func(r *audit.Record) {
+			r.Cgroup, r.CgroupID, r.Reason = scope, id, why
+		})
 	d.refreshExemptLocked()
 	return nil
 }
@@ -319,16 +397,24 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 	jobID, stepID := m.GetJobId(), m.GetStepId()
 	name := fmt.Sprintf("%d.%s", jobID, policy.StepName(stepID))
 	log := d.log.With(keyJob, jobID, keyStep, policy.StepName(stepID), keyUID, m.GetUid())
+	// The user's name is looked up (NSS, maybe LDAP) before any lock is
+	// taken; the records below find it cached.
+	user := d.users.get(m.GetUid())
 
 	// Where the step lives: from slurmstepd's own cgroup, and every task pid
 	// must be in the same step.
 	lookupFailed := func(err error) error {
 		d.lifecycle(audit.EventLookupFailed, audit.SeverityError, "the step's cgroup could not be found; the step is refused", func(r *audit.Record) {
-			r.JobID, r.StepID, r.UID, r.User, r.PID, r.Error = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid()), uint32(peer.PID), err.Error()
+			r.JobID, r.StepID, r.UID, r.User, r.PID, r.Error = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), user, uint32(peer.PID), err.Error()
 		})
 		return err
 	}
 	loc, err := jobcgroup.ForPID(d.mount, peer.PID, d.cfg.Scope)
+	if err == nil {
+		// The pid was read from the socket; the cgroup from /proc. Both
+		// name slurmstepd only if it is still the same process.
+		err = peer.Verify()
+	}
 	if err != nil {
 		return nil, lookupFailed(fmt.Errorf("step %s: cannot place slurmstepd in Slurm's cgroup tree (%v); gpufence needs CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup", name, err))
 	}
@@ -351,11 +437,8 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 		return nil, fmt.Errorf("step %s: %v", name, err)
 	}
 
-	d.mu.Lock()
-	_, known := d.jobs[jobID]
-	d.mu.Unlock()
-	if !known && d.cfg.RecoverFromSlurmctld {
-		d.recoverJob(jobID, m.GetUid())
+	if d.cfg.RecoverFromSlurmctld && d.recoveryDue(jobID) {
+		d.recoverJob(jobID, m.GetUid(), user)
 	}
 
 	d.mu.Lock()
@@ -401,69 +484,109 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 	if err := d.filter.Set(cg, p); err != nil {
 		return nil, fmt.Errorf("step %s: cannot install its GPU policy: %v", name, err)
 	}
+	delete(d.ended, cg.ID)
 	if j == nil {
 		// No prolog (CPU-only use only, see policy.ForStep): keep a record
 		// so the step's entry is removed when it ends.
 		j = &job{Job: policy.Job{ID: jobID, UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}, noProlog: true, created: time.Now()}
 		d.jobs[jobID] = j
 		d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, dec.Note, func(r *audit.Record) {
-			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid())
+			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), user
 		})
 	}
 	j.steps[stepID] = &step{jobID: jobID, stepID: stepID, uid: m.GetUid(), cg: cg, gpus: dec.GPUs}
 	j.dir = loc.Job
+	j.stepless = time.Time{}
 	d.owners[cg.ID] = owner{jobID: jobID, stepID: stepID, uid: m.GetUid()}
 	d.saveLocked()
 	log.Info("step policy applied", "gpus", policy.FormatGPUList(dec.GPUs), keyCgroup, cg.Path)
 	d.lifecycle(audit.EventPolicyApplied, audit.SeverityInfo,
 		fmt.Sprintf("job %d step %s may open GPUs [%s]", jobID, policy.StepName(stepID), policy.FormatGPUList(dec.GPUs)), func(r *audit.Record) {
-			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid())
+			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), user
 			r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, dec.GPUs...), cg.Path, cg.ID, d.policyMode()
 		})
 	return d.stepResponse(dec.GPUs, st), nil
 }
 
+// recoveryRetry is how soon slurmctld is asked again about a job it could
+// not vouch for, so a job's burst of steps does not become a burst of RPCs.
+const recoveryRetry = 5 * time.Second
+
+// recoveryDue reports whether slurmctld should be asked for job id's GPUs
+// now: the agent has no trusted record of it (none, or only the placeholder
+// of a step that came without a prolog) and did not ask in the last
+// recoveryRetry.
+func (d *Daemon) recoveryDue(id uint32) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if j := d.jobs[id]; j != nil && !j.noProlog {
+		return false
+	}
+	if t, ok := d.asked[id]; ok && time.Since(t) < recoveryRetry {
+		return false
+	}
+	d.asked[id] = time.Now()
+	return true
+}
+
 // recoverJob asks slurmctld for the GPUs of a job the agent has no prolog
-// record of, and records them as its trusted list; either way it is audited.
-func (d *Daemon) recoverJob(jobID, uid uint32) {
+// record of, and records them as its trusted list; either way it is
+// audited. slurmctld is asked through output no job user can steer
+// (slurm.Controller); an ambiguous answer gives the job no GPU.
+func (d *Daemon) recoverJob(jobID, uid uint32, user string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	gpus, found, err := slurm.JobGPUsFromController(ctx, d.cfg.SlurmConf, jobID, d.cfg.NodeName)
-	msg := ""
+	cj, err := d.ctld.Job(ctx, jobID)
+	var amb *slurm.AmbiguousError
+	msg, sev := "", audit.SeverityWarning
 	switch {
+	case errors.As(err, &amb):
+		msg, sev = fmt.Sprintf("job %d has no prolog record and slurmctld's answer about it is ambiguous (%s): a job field (name, comment, working directory) holds lines that look like Slurm's own; its steps get no GPU", jobID, amb.Reason), audit.SeverityError
+	case errors.Is(err, slurm.ErrJobUnknown):
+		msg = fmt.Sprintf("job %d has no prolog record and slurmctld does not know it; its steps get no GPU", jobID)
 	case err != nil:
 		msg = fmt.Sprintf("job %d has no prolog record and slurmctld could not be asked (%v); its steps get no GPU", jobID, err)
-	case !found:
-		msg = fmt.Sprintf("job %d has no prolog record and slurmctld lists no allocation of it on %s; its steps get no GPU", jobID, d.cfg.NodeName)
+	case !cj.Running():
+		msg = fmt.Sprintf("job %d has no prolog record and slurmctld says it is %s, not running on %s; its steps get no GPU", jobID, cj.State, d.cfg.NodeName)
+	case cj.UID != uid:
+		msg, sev = fmt.Sprintf("job %d has no prolog record; slurmctld says it belongs to uid %d, its step runs as uid %d; its steps get no GPU", jobID, cj.UID, uid), audit.SeverityError
+	}
+	if msg != "" {
+		d.log.Warn(msg, keyJob, jobID)
+		d.lifecycle(audit.EventJobWithoutProlog, sev, msg, func(r *audit.Record) {
+			r.JobID, r.UID, r.User = jobID, audit.UID(uid), user
+			if err != nil {
+				r.Error = err.Error()
+			}
+		})
+		return
 	}
 	var broken string
-	for _, g := range gpus {
+	for _, g := range cj.GPUs {
 		if _, ok := d.gpus[g]; !ok {
 			broken = fmt.Sprintf("job %d holds GPU %d per slurmctld, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", jobID, g)
 		}
 	}
-	if msg != "" {
-		d.log.Warn(msg, keyJob, jobID)
-		d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, msg, func(r *audit.Record) {
-			r.JobID, r.UID, r.User = jobID, audit.UID(uid), d.users.get(uid)
-		})
-		return
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, ok := d.jobs[jobID]; ok {
+	old := d.jobs[jobID]
+	if old != nil && !old.noProlog {
 		return // a prolog raced us
 	}
-	j := &job{Job: policy.Job{ID: jobID, UID: uid, GPUs: gpus}, broken: broken, steps: map[uint32]*step{}, created: time.Now()}
+	j := &job{Job: policy.Job{ID: jobID, UID: uid, GPUs: cj.GPUs}, broken: broken, steps: map[uint32]*step{}, created: time.Now(), recovered: cj.Source}
+	if old != nil {
+		j.steps, j.dir = old.steps, old.dir
+	}
 	if broken != "" {
 		j.GPUs = []int{}
 	}
 	d.jobs[jobID] = j
+	delete(d.asked, jobID)
 	d.saveLocked()
-	msg = fmt.Sprintf("job %d had no prolog record; its trusted GPU list [%s] was recovered from slurmctld", jobID, policy.FormatGPUList(gpus))
+	msg = fmt.Sprintf("job %d had no prolog record; its trusted GPU list [%s] was recovered from slurmctld (%s)", jobID, policy.FormatGPUList(cj.GPUs), cj.Source)
 	d.log.Warn(msg, keyJob, jobID)
 	d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, msg, func(r *audit.Record) {
-		r.JobID, r.UID, r.User, r.GPUs = jobID, audit.UID(uid), d.users.get(uid), append([]int{}, gpus...)
+		r.JobID, r.UID, r.User, r.GPUs = jobID, audit.UID(uid), user, append([]int{}, cj.GPUs...)
 	})
 }
 
@@ -483,12 +606,16 @@ func (d *Daemon) stepEnd(jobID, stepID uint32) {
 		return
 	}
 	d.removeStepLocked(j, j.steps[stepID], "step ended")
+	if len(j.steps) == 0 {
+		j.stepless = time.Now()
+	}
 	d.saveLocked()
 }
 
 func (d *Daemon) jobEpilog(jobID uint32) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	delete(d.asked, jobID)
 	j := d.jobs[jobID]
 	if j == nil {
 		return
@@ -501,9 +628,22 @@ func (d *Daemon) jobEpilog(jobID uint32) {
 	d.log.Info("job released", keyJob, jobID)
 }
 
+// removeStepLocked takes a step's policy away. In scope mode its cgroup then
+// has no entry and the program denies it every GPU. In per-cgroup mode the
+// program on the cgroup is all that narrows it, and a task can outlive its
+// step (it ignores SIGTERM, UnkillableStepTimeout): the entry becomes
+// deny-all and stays until the cgroup is gone (Reconcile). d.mu is held.
 func (d *Daemon) removeStepLocked(j *job, s *step, why string) {
 	if d.filter != nil {
-		if err := d.filter.Remove(s.cg); err != nil {
+		var err error
+		if d.filter.Mode() == devfilter.ModePerCgroup {
+			if err = d.filter.Set(s.cg, devfilter.Policy{}); err == nil {
+				d.ended[s.cg.ID] = s.cg
+			}
+		} else {
+			err = d.filter.Remove(s.cg)
+		}
+		if err != nil {
 			d.log.Error("remove step policy", keyJob, s.jobID, keyStep, policy.StepName(s.stepID), keyCgroup, s.cg.Path, "err", err)
 		}
 	}
@@ -517,51 +657,53 @@ func (d *Daemon) removeStepLocked(j *job, s *step, why string) {
 	d.supp.mu.Unlock()
 	d.log.Info("step policy removed", keyJob, s.jobID, keyStep, policy.StepName(s.stepID), "reason", why)
 	d.lifecycle(audit.EventPolicyReleased, audit.SeverityInfo, fmt.Sprintf("job %d step %s released (%s)", s.jobID, policy.StepName(s.stepID), why), func(r *audit.Record) {
-		r.JobID, r.StepID, r.UID, r.User = s.jobID, policy.StepName(s.stepID), audit.UID(s.uid), d.users.get(s.uid)
+		r.JobID, r.StepID, r.UID, r.User = s.jobID, policy.StepName(s.stepID), audit.UID(s.uid), d.users.cached(s.uid)
 		r.Cgroup, r.CgroupID, r.Reason = s.cg.Path, s.cg.ID, why
 		r.GPUs = append([]int{}, s.gpus...)
 	})
 }
 
+// How soon a job with no step left is first asked about, and how the
+// interval grows while slurmctld says it still runs (a job whose user
+// cancelled its extern step keeps its allocation and its record).
+const (
+	endCheckFirst = 30 * time.Second
+	endCheckMax   = 15 * time.Minute
+	// A step-less job whose cgroup still exists is asked about after this.
+	endCheckIdle = 10 * time.Minute
+)
+
 // Reconcile removes the entries of step cgroups that no longer exist (a
-// slurmstepd that died without its exit callback) and refreshes the exempt
+// slurmstepd that died without its exit callback), drops the records of
+// jobs slurmctld says have ended (their epilog never reached the agent),
+// makes sure the filter is on the live scope, and refreshes the exempt
 // entries.
 func (d *Daemon) Reconcile() {
 	d.ingestFailOpen()
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	changed := false
 	for _, j := range d.jobs {
 		for _, s := range j.steps {
 			if id, err := jobcgroup.ID(s.cg.Path); err != nil || id != s.cg.ID {
 				d.removeStepLocked(j, s, "step cgroup vanished")
 				changed = true
+				if len(j.steps) == 0 {
+					j.stepless = time.Now()
+				}
 			}
 		}
 	}
-	// A job whose epilog never came (agent down then, or the epilog
-	// failed): once it has no step left and its cgroup is gone, or it never
-	// had a step for an hour, its record goes too.
-	for id, j := range d.jobs {
-		if len(j.steps) > 0 {
-			continue
-		}
-		gone := false
-		if j.dir != "" {
-			_, err := os.Stat(j.dir)
-			gone = err != nil
-		} else {
-			gone = !j.created.IsZero() && time.Since(j.created) > time.Hour
-		}
-		if gone {
-			delete(d.jobs, id)
-			changed = true
-			d.log.Info("job record dropped: no step left and its cgroup is gone (its epilog never reached the agent)", keyJob, id)
-		}
-	}
+	d.forgetEndedLocked()
+	ask := d.endCheckDueLocked(time.Now())
 	if changed {
 		d.saveLocked()
 	}
+	d.mu.Unlock()
+
+	d.dropEnded(ask)
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.sweepOrphansLocked()
 	if d.filter == nil {
 		if scope := d.findScope(); scope != "" {
@@ -571,7 +713,104 @@ func (d *Daemon) Reconcile() {
 		}
 		return
 	}
+	if d.filter.Mode() == devfilter.ModeScope {
+		// A scope removed and not made again yet has nothing to attach
+		// to; the first step under the new one re-attaches.
+		if scope := d.findScope(); scope != "" {
+			if err := d.ensureScopeLocked(scope); err != nil {
+				d.log.Error("device filter scope", "err", err)
+			}
+		}
+	}
 	d.refreshExemptLocked()
+}
+
+// forgetEndedLocked detaches the deny-all entries of ended steps (per-cgroup
+// mode) whose cgroup is gone. d.mu is held.
+func (d *Daemon) forgetEndedLocked() {
+	if d.filter == nil {
+		return
+	}
+	for id, cg := range d.ended {
+		if now, err := jobcgroup.ID(cg.Path); err == nil && now == id {
+			continue
+		}
+		if err := d.filter.Remove(cg); err != nil {
+			d.log.Error("detach the filter of an ended step", keyCgroup, cg.Path, "err", err)
+			continue
+		}
+		delete(d.ended, id)
+	}
+}
+
+// endCheckDueLocked lists the jobs with no step whose end slurmctld should
+// be asked about now: their cgroup is gone, or they had no step for
+// endCheckIdle. A record is never dropped because its steps or its cgroup
+// are gone: a job user can end every step of their job, the extern step
+// included, while the allocation lives on. d.mu is held.
+func (d *Daemon) endCheckDueLocked(now time.Time) map[uint32]*job {
+	ask := map[uint32]*job{}
+	for id, j := range d.jobs {
+		if len(j.steps) > 0 {
+			continue
+		}
+		if j.stepless.IsZero() {
+			j.stepless = j.created
+		}
+		gone := false
+		if j.dir != "" {
+			_, err := os.Stat(j.dir)
+			gone = err != nil
+		}
+		if !gone && now.Sub(j.stepless) < endCheckIdle {
+			continue
+		}
+		if now.Before(j.nextCheck) {
+			continue
+		}
+		ask[id] = j
+	}
+	return ask
+}
+
+// dropEnded asks slurmctld about each job and drops the records of those it
+// says have ended (unknown to it, finished, or back in the queue); a job it
+// says still runs, or when it cannot be asked, keeps its record and is
+// asked again later.
+func (d *Daemon) dropEnded(ask map[uint32]*job) {
+	for id, j := range ask {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cj, err := d.ctld.Job(ctx, id)
+		cancel()
+		ended, why := false, ""
+		switch {
+		case errors.Is(err, slurm.ErrJobUnknown):
+			ended, why = true, "slurmctld no longer knows it"
+		case err == nil && !cj.Running():
+			ended, why = true, fmt.Sprintf("slurmctld says it is %s on %v", cj.State, map[bool]string{true: "this node", false: "other nodes"}[cj.OnNode])
+		}
+		d.mu.Lock()
+		if d.jobs[id] != j || len(j.steps) > 0 {
+			d.mu.Unlock()
+			continue // a step or a prolog came meanwhile
+		}
+		if !ended {
+			j.checkEvery = min(max(2*j.checkEvery, endCheckFirst), endCheckMax)
+			j.nextCheck = time.Now().Add(j.checkEvery)
+			d.mu.Unlock()
+			if err != nil {
+				d.log.Warn("job with no step left kept: slurmctld could not say whether it ended", keyJob, id, "err", err, "next_check", j.checkEvery)
+			} else {
+				d.log.Info("job with no step left kept: slurmctld says it still runs here", keyJob, id, "state", cj.State, "next_check", j.checkEvery)
+			}
+			continue
+		}
+		delete(d.jobs, id)
+		delete(d.asked, id)
+		d.saveLocked()
+		d.mu.Unlock()
+		d.log.Info("job record dropped: its epilog never reached the agent and "+why, keyJob, id)
+	}
 }
 
 // Run reconciles periodically until ctx ends, then detaches the filter.

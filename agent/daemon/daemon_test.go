@@ -22,6 +22,7 @@ import (
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/server"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
@@ -48,6 +49,7 @@ func init() {
 
 type tree struct {
 	rec               *memRecorder
+	ctld              *fakeCtld
 	t                 *testing.T
 	root, scope, gres string
 	dev               string
@@ -71,7 +73,7 @@ func newTree(t *testing.T) *tree {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := &tree{t: t, rec: &memRecorder{}, root: root, scope: filepath.Join(root, "system.slice", "tn_slurmstepd.scope"), dev: t.TempDir()}
+	tr := &tree{t: t, rec: &memRecorder{}, ctld: &fakeCtld{}, root: root, scope: filepath.Join(root, "system.slice", "tn_slurmstepd.scope"), dev: t.TempDir()}
 	t.Cleanup(tr.remove)
 	for _, d := range []string{"system", "slurmd"} {
 		tr.mkdir(d)
@@ -174,6 +176,7 @@ func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
 	if err != nil {
 		tr.t.Fatal(err)
 	}
+	d.ctld = tr.ctld
 	tr.t.Cleanup(func() { d.Close() })
 	return d, buf
 }
@@ -340,11 +343,10 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 	}
 
 	// Step end removes the entry: the step's cgroup fails closed again
-	// (scope mode) or loses its filter (per-cgroup mode).
+	// (scope mode: no entry; per-cgroup mode: a deny-all entry while the
+	// cgroup lives, for a task that outlives its step).
 	call(d, 0, &pb.StepEnd{JobId: 1, StepId: 0})
-	if mode == devfilter.ModeScope {
-		tr.expect(task1)
-	}
+	tr.expect(task1)
 	call(d, 0, &pb.JobEpilog{JobId: 2})
 	call(d, 0, &pb.JobEpilog{JobId: 3})
 	call(d, 0, &pb.JobEpilog{JobId: 1})
@@ -364,7 +366,8 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 }
 
 // TestPrivilegedReconcileRemovesVanishedStep: a step whose cgroup disappears
-// without a step end (slurmstepd killed) loses its entry at the next pass.
+// without a step end (slurmstepd killed) loses its entry at the next pass;
+// the job's record goes only once slurmctld says the job has ended.
 func TestPrivilegedReconcileRemovesVanishedStep(t *testing.T) {
 	tr := newTree(t)
 	d, _ := tr.daemon(devfilter.ModeAuto)
@@ -384,16 +387,31 @@ func TestPrivilegedReconcileRemovesVanishedStep(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	tr.ctld.set(1, slurm.ControllerJob{ID: 1, UID: 1000, State: "RUNNING", OnNode: true, GPUs: []int{0}}, nil)
 	d.Reconcile()
 	d.mu.Lock()
 	j, owners := d.jobs[1], len(d.owners)
 	d.mu.Unlock()
-	// The step and, its cgroup being gone, the job whose epilog never came.
-	if j != nil {
-		t.Errorf("job record left after its cgroup vanished: %d steps", len(j.steps))
+	if j == nil || len(j.steps) != 0 {
+		t.Fatalf("job record after its step and cgroup vanished while slurmctld says it runs: %+v, want kept with no step", j)
 	}
 	if owners != len(d.exempts) {
 		t.Errorf("%d owners left, want only the exempt ones", owners)
+	}
+	// The job ended without its epilog reaching the agent.
+	tr.ctld.set(1, slurm.ControllerJob{}, slurm.ErrJobUnknown)
+	d.mu.Lock()
+	d.jobs[1].nextCheck = time.Time{}
+	d.mu.Unlock()
+	d.Reconcile()
+	d.mu.Lock()
+	j = d.jobs[1]
+	d.mu.Unlock()
+	if j != nil {
+		t.Errorf("job record left after slurmctld said the job is gone")
+	}
+	if n := tr.ctld.calls(1); n != 2 {
+		t.Errorf("slurmctld asked %d times about job 1, want 2", n)
 	}
 }
 

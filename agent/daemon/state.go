@@ -16,12 +16,19 @@ type job struct {
 	// noProlog marks a record made for a step whose job never sent a
 	// prolog; it carries no trusted list.
 	noProlog bool
+	// recovered names the slurmctld output the trusted list was read from,
+	// when it came from there and not from the prolog.
+	recovered string
 	// dir is the job's cgroup, once a step showed it; created is when the
-	// record was made. Together they let Reconcile drop a job whose epilog
-	// never reached the agent.
-	dir     string
-	created time.Time
-	steps   map[uint32]*step
+	// record was made, stepless since when it has no step. They decide when
+	// Reconcile asks slurmctld whether a job whose epilog never reached the
+	// agent has ended (nextCheck, then every checkEvery).
+	dir        string
+	created    time.Time
+	stepless   time.Time
+	nextCheck  time.Time
+	checkEvery time.Duration
+	steps      map[uint32]*step
 }
 
 // step is one registered step and the cgroup its policy is keyed by.

@@ -142,35 +142,6 @@ func TestReadSettings(t *testing.T) {
 	}
 }
 
-func TestParseJobGPUs(t *testing.T) {
-	out := `JobId=12 JobName=x
-   UserId=gftest(2951) GroupId=gftest(2951) MCS_label=N/A
-   JOB_GRES=gpu:3
-     Nodes=vm CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0,2)
-     Nodes=n[1-3] CPU_IDs=0-1 Mem=0 GRES=gpu:a100:1(IDX:3),mps:100(0/100)
-     Nodes=cpu1 CPU_IDs=0 Mem=0 GRES=
-   Partition=debug`
-	tests := []struct {
-		node  string
-		want  []int
-		found bool
-	}{
-		{"vm", []int{0, 2}, true},
-		{"n2", []int{3}, true},
-		{"cpu1", []int{}, true},
-		{"other", nil, false},
-	}
-	for _, tt := range tests {
-		got, found, err := ParseJobGPUs(out, tt.node)
-		if err != nil || found != tt.found || !slices.Equal(got, tt.want) {
-			t.Errorf("%s: %v %v %v, want %v %v", tt.node, got, found, err, tt.want, tt.found)
-		}
-	}
-	if _, _, err := ParseJobGPUs("     Nodes=vm GRES=gpu:1(IDX:x)\n", "vm"); err == nil {
-		t.Error("bad IDX accepted")
-	}
-}
-
 func TestReadGresGPUsMIG(t *testing.T) {
 	type rec struct {
 		index int
