@@ -112,6 +112,11 @@ func try(socket string, timeout time.Duration, req *pb.Request) (*pb.Response, e
 	if errors.Is(err, agentclient.ErrAgent) && resp != nil {
 		return nil, &refusal{text: resp.GetError()}
 	}
+	if errors.Is(err, agentclient.ErrNotAgent) {
+		// An impostor on the socket is not an outage: the step is refused,
+		// whatever failure= says.
+		return nil, &refusal{text: err.Error()}
+	}
 	if err != nil {
 		return nil, &unreachable{timeout: timeout, err: err}
 	}
