@@ -122,6 +122,9 @@ type Daemon struct {
 	events  sync.WaitGroup
 	// observer follows the jobs' GPUs (metrics, dcgm job mapping).
 	observer Observer
+	// spoolWarned: the fail-open spool's bad ownership was reported; only
+	// Reconcile's goroutine reads the spool.
+	spoolWarned bool
 	// nvml is what the NVIDIA driver said about Slurm's GPUs (SetInventory);
 	// nil without NVML.
 	nvml atomic.Pointer[nvmlView]

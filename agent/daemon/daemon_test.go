@@ -472,4 +472,28 @@ func TestIngestFailOpen(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(dir, "*.ingest")); len(left) != 1 {
 		t.Errorf("bad spool not kept: %v", left)
 	}
+
+	// A spool that is not the plugin's is not read: a link, a file others
+	// may write, a file of another user.
+	other := filepath.Join(dir, "elsewhere.jsonl")
+	os.WriteFile(other, []byte(lines), 0o600)
+	untrusted := map[string]func(){
+		"symlink":        func() { os.Symlink(other, spool) },
+		"group-writable": func() { os.WriteFile(spool, []byte(lines), 0o600); os.Chmod(spool, 0o620) },
+	}
+	if os.Geteuid() == 0 {
+		untrusted["owned by nobody"] = func() { os.WriteFile(spool, []byte(lines), 0o600); os.Chown(spool, 65534, 65534) }
+	}
+	for name, make := range untrusted {
+		os.Remove(spool)
+		make()
+		before := len(rec.records(audit.EventStepUnfiltered))
+		d.ingestFailOpen()
+		if n := len(rec.records(audit.EventStepUnfiltered)); n != before {
+			t.Errorf("%s spool: %d records written from it", name, n-before)
+		}
+		if _, err := os.Lstat(spool); err != nil {
+			t.Errorf("%s spool was taken: %v", name, err)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
@@ -31,9 +32,28 @@ func (d *Daemon) ingestFailOpen() {
 	if path == "" {
 		return
 	}
-	if _, err := os.Stat(path); err != nil {
+	fi, err := os.Lstat(path)
+	if err != nil {
 		return
 	}
+	// Only root (the plugin in slurmstepd) writes the spool. A file anyone
+	// else made, or a link, would let them write audit records in the
+	// agent's name: it is left alone and reported. (The agent's own uid is
+	// accepted too, for tests run without root.)
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.Mode().IsRegular() || !ok || (st.Uid != 0 && st.Uid != uint32(os.Geteuid())) || fi.Mode().Perm()&0o022 != 0 {
+		if !d.spoolWarned {
+			d.spoolWarned = true
+			owner := -1
+			if ok {
+				owner = int(st.Uid)
+			}
+			d.log.Error("fail-open spool not read: it must be a regular file owned by root and writable only by it; steps it may list are not in the audit trail",
+				"file", path, "mode", fi.Mode().String(), "owner_uid", owner)
+		}
+		return
+	}
+	d.spoolWarned = false
 	taken := fmt.Sprintf("%s.%d.ingest", path, time.Now().UnixNano())
 	if err := os.Rename(path, taken); err != nil {
 		d.log.Error("take the fail-open spool", "file", path, "err", err)
@@ -42,7 +62,7 @@ func (d *Daemon) ingestFailOpen() {
 	// An append that opened the file just before the rename lands in the
 	// renamed file; let it finish.
 	time.Sleep(100 * time.Millisecond)
-	f, err := os.Open(taken)
+	f, err := os.OpenFile(taken, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		d.log.Error("read the fail-open spool", "file", taken, "err", err)
 		return
