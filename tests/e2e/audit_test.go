@@ -90,11 +90,16 @@ func TestPrivilegedAuditRecords(t *testing.T) {
 	job := jobOf(t, rep)
 	own := gpusOf(t, rep, "SLURM_STEP_GPUS")[0]
 	recs := st.waitRecords(t, job, func(rs []audit.Record) bool {
-		n := 0
+		n, released := 0, false
 		for _, r := range access(rs, audit.DecisionDenied) {
 			n += 1 + int(r.Suppressed)
 		}
-		return n >= 9 && len(access(rs, audit.DecisionAllowed)) >= 1
+		// srun may return before slurmstepd's exit callback released the
+		// step.
+		for _, r := range rs {
+			released = released || (r.Event == audit.EventPolicyReleased && r.StepID == "0")
+		}
+		return n >= 9 && len(access(rs, audit.DecisionAllowed)) >= 1 && released
 	})
 	uid, _ := lookup(t)
 	denied := map[int]int{}

@@ -1,14 +1,15 @@
 package e2e
 
-// The tests here run after every other test of the package: go test runs
-// tests in the order of their files' names, then of their places in a file.
+// Checks over the whole suite: TestMain runs them after every test, so
+// they do not depend on the order go test runs tests in.
 
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -16,10 +17,24 @@ import (
 	"github.com/gpufence/gpufence/agent/audit"
 )
 
-// TestPrivilegedZLeftovers:
-// once every job is gone, the kernel holds only the exempt entries.
-func TestPrivilegedZLeftovers(t *testing.T) {
-	st := get(t)
+// finalChecks: once every job is gone the kernel holds only the exempt
+// entries, and every audit record any agent of the suite wrote validates.
+func (st *suite) finalChecks() error {
+	var errs []error
+	if err := st.checkLeftovers(); err != nil {
+		errs = append(errs, err)
+	}
+	n, err := st.checkAuditSchema()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	fmt.Fprintf(os.Stderr, "final checks: %d records in %d audit files validated\n", n, len(st.auditFiles))
+	return errors.Join(errs...)
+}
+
+// checkLeftovers: with no job left, the kernel holds only the exempt
+// entries (system and slurmd).
+func (st *suite) checkLeftovers() error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if q := st.c.Run(st.ctx, "", "squeue", "-h"); strings.TrimSpace(q.Stdout) == "" {
@@ -31,39 +46,36 @@ func TestPrivilegedZLeftovers(t *testing.T) {
 	var err error
 	for time.Now().Before(deadline) {
 		if n, err = policyEntries(st.c.ScopeDir()); err == nil && n == 2 {
-			break
+			return nil
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if err != nil || n != 2 {
-		t.Errorf("policy entries after all jobs ended: %d (%v), want 2 (system and slurmd)", n, err)
-	}
+	return fmt.Errorf("policy entries after all jobs ended: %d (%v), want 2 (system and slurmd)", n, err)
 }
 
-// TestPrivilegedZAuditSchema checks that every record any agent
-// of the suite wrote validates against docs/audit.schema.json, and within
-// each agent run every missing sequence number is explained by a loss
-// record.
-func TestPrivilegedZAuditSchema(t *testing.T) {
-	st := get(t)
+// checkAuditSchema checks that every record validates against
+// docs/audit.schema.json, and that within each agent run every missing
+// sequence number is explained by a loss record.
+func (st *suite) checkAuditSchema() (int, error) {
 	f, err := os.Open("../../docs/audit.schema.json")
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	doc, err := jsonschema.UnmarshalJSON(f)
 	f.Close()
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	c := jsonschema.NewCompiler()
 	c.AssertFormat()
 	if err := c.AddResource("audit.schema.json", doc); err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	schema, err := c.Compile("audit.schema.json")
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
+	var errs []error
 	total := 0
 	for _, path := range st.auditFiles {
 		fh, err := os.Open(path)
@@ -71,7 +83,7 @@ func TestPrivilegedZAuditSchema(t *testing.T) {
 			if os.IsNotExist(err) {
 				continue // the tmpfs file went with its mount
 			}
-			t.Fatal(err)
+			return total, err
 		}
 		seen := map[uint64]bool{}
 		explained := map[uint64]bool{}
@@ -82,15 +94,16 @@ func TestPrivilegedZAuditSchema(t *testing.T) {
 			total++
 			v, err := jsonschema.UnmarshalJSON(strings.NewReader(sc.Text()))
 			if err != nil {
-				t.Fatalf("%s: %v", path, err)
+				errs = append(errs, fmt.Errorf("%s: %v", path, err))
+				continue
 			}
 			if err := schema.Validate(v); err != nil {
-				t.Errorf("%s: record does not validate: %#v\n%s", path, err, sc.Text())
+				errs = append(errs, fmt.Errorf("%s: record does not validate: %#v\n%s", path, err, sc.Text()))
 			}
 			var r audit.Record
 			json.Unmarshal(sc.Bytes(), &r)
 			if seen[r.Seq] {
-				t.Errorf("%s: seq %d twice", path, r.Seq)
+				errs = append(errs, fmt.Errorf("%s: seq %d twice", path, r.Seq))
 			}
 			seen[r.Seq] = true
 			max = max0(max, r.Seq)
@@ -105,12 +118,12 @@ func TestPrivilegedZAuditSchema(t *testing.T) {
 		fh.Close()
 		for s := uint64(1); s <= max; s++ {
 			if !seen[s] && !explained[s] {
-				t.Errorf("%s: seq %d missing and not explained by an audit_loss record", path, s)
+				errs = append(errs, fmt.Errorf("%s: seq %d missing and not explained by an audit_loss record", path, s))
 			}
 		}
 	}
 	if total == 0 {
-		t.Fatal("no audit records at all")
+		errs = append(errs, errors.New("no audit records at all"))
 	}
-	t.Logf("%d records in %d audit files validated", total, len(st.auditFiles))
+	return total, errors.Join(errs...)
 }
