@@ -19,6 +19,11 @@ func readFixture(t *testing.T, name string) []byte {
 	return b
 }
 
+func readFixtureF(name string) (string, error) {
+	b, err := os.ReadFile(filepath.Join("testdata", "ctld", name))
+	return string(b), err
+}
+
 // The fixtures were printed by Slurm 22.05.8's scontrol and squeue on a real
 // cluster (node vm). The forged ones come from jobs whose name, comment and
 // working directory hold newlines and fake per-node lines naming all four
