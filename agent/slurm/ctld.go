@@ -56,7 +56,7 @@ func ParseJobGPUs(out, node string) (gpus []int, found bool, err error) {
 					continue
 				}
 				list, _, _ := strings.Cut(idx, ")")
-				g, err := policy.ParseGPUList(list)
+				g, err := policy.ParseGresIDX(list)
 				if err != nil {
 					return nil, false, fmt.Errorf("scontrol GRES %q: %v", item, err)
 				}
