@@ -148,3 +148,6 @@ func ConfigParse(args []string, errlen int) (Config, error) {
 func cField(a []C.char) string {
 	return C.GoStringN(&a[0], C.int(cStrlen(&a[0], len(a))))
 }
+
+// ShownArg is GF_ARG_SHOWN: how much of an argument a message quotes.
+const ShownArg = C.GF_ARG_SHOWN

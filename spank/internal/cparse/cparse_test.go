@@ -166,6 +166,13 @@ func TestConfigParse(t *testing.T) {
 		{[]string{"timeout=3601"}, `want whole seconds from 1 to 3600`},
 		{[]string{"timeout=+5"}, `want whole seconds from 1 to 3600`},
 		{[]string{"socket=/" + strings.Repeat("s", SocketSize-1)}, fmt.Sprintf("longer than %d bytes", SocketSize-1)},
+		{[]string{"golib=/" + strings.Repeat("g", PathSize-1)}, fmt.Sprintf("longer than %d bytes", PathSize-1)},
+		// Found by FuzzConfigParse: strtol took blanks before the number.
+		{[]string{"timeout= 1"}, `option "timeout= 1" in plugstack.conf: want whole seconds from 1 to 3600`},
+		{[]string{"timeout=\t+1"}, `want whole seconds from 1 to 3600`},
+		// Found by FuzzConfigParse: a long argument pushed the reason out
+		// of the message; it is quoted cut now.
+		{[]string{"x" + strings.Repeat("0", 2000)}, `unknown option "x` + strings.Repeat("0", ShownArg-1) + `..." in plugstack.conf (known:`},
 		{[]string{"=x"}, `unknown option "=x"`},
 		{[]string{"x"}, `unknown option "x"`},
 	} {
