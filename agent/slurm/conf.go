@@ -31,8 +31,9 @@ func (l Line) Get(key string) (string, bool) {
 }
 
 // Bounds of one configuration read, includes and all: Slurm's own files
-// are far smaller, and a file that includes itself (or a glob matching
-// many) would otherwise be read exponentially often.
+// are far smaller, and a tree of includes (each file including the next
+// several times, or globs matching many) would otherwise be read
+// exponentially often within the depth bound.
 const (
 	maxIncludeDepth = 8
 	maxConfFiles    = 256

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // memFiles is a fileSystem of files held in memory, so that fuzzed
@@ -220,8 +221,9 @@ func last(lines []Line, key string) string {
 	return v
 }
 
-// checkRoundTrip writes lines out as key=value (quoted where a value has a
-// blank) and reads them back.
+// checkRoundTrip writes lines out as key=value (quoted where a value has
+// white space: a line is trimmed of any, though only blanks and tabs split
+// it) and reads them back.
 func checkRoundTrip(t *testing.T, lines []Line) {
 	t.Helper()
 	var b strings.Builder
@@ -234,7 +236,7 @@ func checkRoundTrip(t *testing.T, lines []Line) {
 				b.WriteByte(' ')
 			}
 			v := p[1]
-			if strings.ContainsAny(v, " \t") {
+			if strings.IndexFunc(v, unicode.IsSpace) >= 0 {
 				v = `"` + v + `"`
 			}
 			b.WriteString(p[0] + "=" + v)
