@@ -71,23 +71,24 @@ e2e: build ## end-to-end tests against a real Slurm 22.05 on this machine (root;
 
 # Fuzzing: every `func FuzzXxx(f *testing.F)` in the module's tests is found
 # and run for FUZZTIME (Go's -fuzztime: 30s, or 10000x executions); FUZZ
-# picks targets by name (a regular expression). Packages with cgo (the C
+# picks targets by whole name, an extended regular expression such as
+# 'FuzzRead|FuzzCtld.*' (no $ needed; make would eat it). Packages with cgo (the C
 # parsers' harness) run under AddressSanitizer. Each target's last
 # execution count is printed; a crash, hang or failed property fails the
 # target, saves the input under its testdata/fuzz/, and make fails after
 # the rest have run. FUZZMINIMIZETIME bounds the shrinking of each new
 # input (Go's default of 60s would spend a short run shrinking, not fuzzing).
 FUZZTIME ?= 10s
-FUZZ ?= .
+FUZZ ?= Fuzz.*
 FUZZMINIMIZETIME ?= 1s
 
 .PHONY: fuzz
-fuzz: ## run every Fuzz target in the tree for FUZZTIME each (default 10s; FUZZ=regexp picks targets)
+fuzz: ## run every Fuzz target in the tree for FUZZTIME each (default 10s; FUZZ='FuzzA|FuzzB.*' picks targets)
 	@set -uo pipefail; failed=0; n=0; \
 	cgo=" $$($(GO) list -f '{{if .CgoFiles}}{{.Dir}}{{end}}' ./... | tr '\n' ' ') "; \
 	while read -r dir files; do \
 		for name in $$(cd "$$dir" && sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*\*testing\.F).*/\1/p' $$files); do \
-			echo "$$name" | grep -Eq -- '$(FUZZ)' || continue; \
+			echo "$$name" | grep -Eqx -- '($(FUZZ))' || continue; \
 			flags=; case "$$cgo" in *" $$dir "*) flags=-asan;; esac; \
 			pkg=./$${dir#$(CURDIR)/}; n=$$((n+1)); \
 			log=$$(mktemp); \
