@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 )
 
 // Slurm's special step ids (slurm.h).
@@ -16,9 +15,6 @@ const (
 	BatchStep       uint32 = 0xfffffffb
 	ExternStep      uint32 = 0xfffffffc
 )
-
-// maxGPUIndex bounds what a GPU list may name; a node has far fewer GPUs.
-const maxGPUIndex = 1023
 
 // StepName renders a step id the way Slurm prints it.
 func StepName(step uint32) string {
@@ -39,41 +35,6 @@ func StepName(step uint32) string {
 // from the user and is ignored.
 func WholeJobStep(step uint32) bool {
 	return step == BatchStep || step == ExternStep || step == InteractiveStep
-}
-
-// ParseGPUList parses a Slurm GPU index list such as "0,2" or "0-3,6"
-// into ascending, de-duplicated indices. The empty string is the empty list.
-func ParseGPUList(s string) ([]int, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return []int{}, nil
-	}
-	var out []int
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
-		if !isRange {
-			hi = lo
-		}
-		a, err1 := strconv.Atoi(lo)
-		b, err2 := strconv.Atoi(hi)
-		if err1 != nil || err2 != nil || a < 0 || b < a || b > maxGPUIndex {
-			return nil, fmt.Errorf("bad GPU index %q in %q", part, s)
-		}
-		for i := a; i <= b; i++ {
-			out = append(out, i)
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
-}
-
-// FormatGPUList renders indices as Slurm does ("0,2").
-func FormatGPUList(gpus []int) string {
-	parts := make([]string, len(gpus))
-	for i, g := range gpus {
-		parts[i] = strconv.Itoa(g)
-	}
-	return strings.Join(parts, ",")
 }
 
 // Job is what the agent knows of a job on this node from its prolog.

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -384,13 +385,18 @@ func gpusOfGres(gres string) ([]int, error) {
 			// A gpu GRES of count 0 on this node.
 			continue
 		}
-		g, err := policy.ParseGPUList(list)
+		g, err := policy.ParseGresIDX(list)
 		if err != nil {
 			return nil, fmt.Errorf("GRES %q: %w", item, err)
 		}
 		gpus = append(gpus, g...)
 	}
-	return policy.ParseGPUList(policy.FormatGPUList(gpus))
+	// Several typed entries (gpu:a100, gpu:h100) each list their own.
+	slices.Sort(gpus)
+	if c := slices.Compact(slices.Clone(gpus)); len(c) != len(gpus) {
+		return nil, fmt.Errorf("GRES %q names a GPU index twice", gres)
+	}
+	return gpus, nil
 }
 
 // The lines `scontrol show job -d` prints around a job's per-node

@@ -133,6 +133,39 @@ func TestStepRegistersAndRenumbers(t *testing.T) {
 	}
 }
 
+// TestNonListValuesUntouched: the real plugin renumbers only values in the
+// GPU list grammar (docs/architecture.md, "GPU lists"). What Slurm writes
+// under AutoDetect=nvml (MIG and GPU UUIDs, alone or mixed with indices)
+// and spellings Slurm never writes are left exactly as they are.
+func TestNonListValuesUntouched(t *testing.T) {
+	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response {
+		if req.GetStepStart() != nil {
+			return &pb.Response{Gpus: []uint32{1, 3}}
+		}
+		return &pb.Response{}
+	})
+	for _, v := range []string{
+		"MIG-5f1c2d3e-4444-5555-6666-777788889999",
+		"MIG-GPU-8f6a1b2c-0000-1111-2222-333344445555/1/0,MIG-GPU-8f6a1b2c-0000-1111-2222-333344445555/2/0",
+		"GPU-8f6a1b2c-0000-1111-2222-333344445555",
+		"1,MIG-5f1c2d3e-4444-5555-6666-777788889999",
+		"3,1", "1-3", "1, 3", "03",
+	} {
+		env := []string{"FAKE_JOB_ID=7", "FAKE_STEP_ID=2", "FAKE_UID=2001", "JOB_SLURM_STEP_GPUS=1,3",
+			"JOB_CUDA_VISIBLE_DEVICES=" + v, "JOB_GPU_DEVICE_ORDINAL=" + v}
+		lines := slurm(t, env, "remote", stepSequence, "socket="+a.Socket)
+		if !has(lines, "rc task_init 0") || !has(lines, "env CUDA_VISIBLE_DEVICES="+v) || !has(lines, "env GPU_DEVICE_ORDINAL="+v) {
+			t.Errorf("%q changed or the task failed: %q", v, lines)
+		}
+	}
+	// The same step with Slurm's list is renumbered: the values above were
+	// kept for what they are, not because nothing is renumbered.
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket)
+	if !has(lines, "env CUDA_VISIBLE_DEVICES=1") {
+		t.Errorf("CUDA_VISIBLE_DEVICES=3 with GPUs 1,3 not renumbered to 1: %q", lines)
+	}
+}
+
 func TestSlurmLocalIndicesUntouched(t *testing.T) {
 	a := fakeagent.Start(t, func(*pb.Request) *pb.Response {
 		return &pb.Response{Gpus: []uint32{1, 3}, SlurmLocalIndices: true}

@@ -599,7 +599,7 @@ func (st *suite) externLeaf(t *testing.T) (string, []int) {
 	if _, rest, ok := strings.Cut(d.Stdout, "(IDX:"); ok {
 		list, _, _ := strings.Cut(rest, ")")
 		var err error
-		if gpus, err = policy.ParseGPUList(list); err != nil {
+		if gpus, err = policy.ParseGresIDX(list); err != nil {
 			t.Fatalf("scontrol GRES index %q: %v", list, err)
 		}
 	}

@@ -256,7 +256,7 @@ func jobGPU(t *testing.T, st *suite, job string) int {
 		d := st.c.Run(st.ctx, "", "scontrol", "show", "job", "-d", job)
 		if _, rest, ok := strings.Cut(d.Stdout, "(IDX:"); ok && strings.Contains(d.Stdout, "JobState=RUNNING") {
 			list, _, _ := strings.Cut(rest, ")")
-			gpus, err := policy.ParseGPUList(list)
+			gpus, err := policy.ParseGresIDX(list)
 			if err != nil || len(gpus) != 1 {
 				t.Fatalf("job %s GRES index %q: %v", job, list, err)
 			}

@@ -53,7 +53,7 @@ func (st *suite) allocated(t *testing.T) map[uint32][]int {
 			if m == nil {
 				t.Fatalf("job %d: gres_detail %q", j.JobID, g)
 			}
-			gpus, err := policy.ParseGPUList(m[2])
+			gpus, err := policy.ParseGresIDX(m[2])
 			if err != nil {
 				t.Fatal(err)
 			}
