@@ -11,11 +11,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgwatch"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
@@ -104,6 +106,10 @@ type Daemon struct {
 	// ctld answers for jobs without a prolog record and for jobs whose
 	// end the agent may have missed.
 	ctld JobSource
+	// watch tells when a registered step's cgroup is removed: the step's
+	// end, which the plugin does not send. nil when inotify failed; then
+	// Reconcile alone finds ended steps.
+	watch *cgwatch.Watcher
 
 	mu     sync.Mutex
 	filter Filter
@@ -182,6 +188,12 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	saved, _, err := statefile.Read(cfg.StateFile)
 	if err != nil {
 		d.log.Error("saved agent state unreadable; running jobs lose attribution, their kernel entries stay until their cgroups go", "err", err)
+	}
+	if d.watch, err = cgwatch.New(); err != nil {
+		d.log.Warn("step ends are found by the periodic reconcile only", "err", err)
+	} else {
+		d.events.Add(1)
+		go d.watchSteps(d.watch)
 	}
 	d.mu.Lock()
 	d.restoreLocked(saved)
@@ -479,9 +491,11 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 		return nil, fmt.Errorf("step %s: %v", name, err)
 	}
 	p := devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
+	resp := d.stepResponse(dec.GPUs, st)
+	resp.StepCgroup = "/" + strings.TrimPrefix(strings.TrimPrefix(loc.Step, d.mount), "/")
 	if j != nil {
 		if prev := j.steps[stepID]; prev != nil && prev.cg.ID == cg.ID && slices.Equal(prev.gpus, dec.GPUs) {
-			return d.stepResponse(dec.GPUs, st), nil
+			return resp, nil
 		}
 	}
 	if err := d.filter.Set(cg, p); err != nil {
@@ -498,6 +512,7 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 		})
 	}
 	j.steps[stepID] = &step{jobID: jobID, stepID: stepID, uid: m.GetUid(), cg: cg, gpus: dec.GPUs}
+	d.watchLocked(cg)
 	j.dir = loc.Job
 	j.stepless = time.Time{}
 	d.owners[cg.ID] = owner{jobID: jobID, stepID: stepID, uid: m.GetUid()}
@@ -508,7 +523,7 @@ func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, err
 			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), user
 			r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, dec.GPUs...), cg.Path, cg.ID, d.policyMode()
 		})
-	return d.stepResponse(dec.GPUs, st), nil
+	return resp, nil
 }
 
 // recoveryRetry is how soon slurmctld is asked again about a job it could
@@ -728,6 +743,36 @@ func (d *Daemon) Reconcile() {
 	d.refreshExemptLocked()
 }
 
+// watchLocked asks to be told when cg is removed. d.mu is held.
+func (d *Daemon) watchLocked(cg devfilter.Cgroup) {
+	if d.watch == nil || cg.Path == "" {
+		return
+	}
+	if err := d.watch.Add(cg.Path, cg.ID); err != nil {
+		d.log.Debug("step cgroup not watched; reconcile will find its end", keyCgroup, cg.Path, "err", err)
+	}
+}
+
+// watchSteps releases each step whose cgroup Slurm removed: the step ended
+// (or its slurmstepd died), as soon as the kernel says so.
+func (d *Daemon) watchSteps(w *cgwatch.Watcher) {
+	defer d.events.Done()
+	for id := range w.Gone() {
+		d.mu.Lock()
+		if o, ok := d.owners[id]; ok && o.exempt == "" {
+			if j := d.jobs[o.jobID]; j != nil && j.steps[o.stepID] != nil && j.steps[o.stepID].cg.ID == id {
+				d.removeStepLocked(j, j.steps[o.stepID], "step cgroup removed")
+				if len(j.steps) == 0 {
+					j.stepless = time.Now()
+				}
+				d.saveLocked()
+			}
+		}
+		d.forgetEndedLocked()
+		d.mu.Unlock()
+	}
+}
+
 // forgetEndedLocked detaches the deny-all entries of ended steps (per-cgroup
 // mode) whose cgroup is gone. d.mu is held.
 func (d *Daemon) forgetEndedLocked() {
@@ -862,8 +907,14 @@ func (d *Daemon) Close() error {
 	d.mu.Lock()
 	f := d.filter
 	d.filter = nil
+	w := d.watch
+	d.watch = nil
 	d.mu.Unlock()
+	if w != nil {
+		w.Close()
+	}
 	if f == nil {
+		d.events.Wait()
 		return nil
 	}
 	d.flushAudit(f)

@@ -48,6 +48,7 @@ func (d *Daemon) restoreLocked(st *statefile.File) {
 		for _, ss := range sj.Steps {
 			s := &step{jobID: sj.ID, stepID: ss.ID, uid: ss.UID, cg: devfilter.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}, gpus: ss.GPUs}
 			j.steps[ss.ID] = s
+			d.watchLocked(s.cg)
 			d.owners[s.cg.ID] = owner{jobID: sj.ID, stepID: ss.ID, uid: ss.UID}
 		}
 	}
