@@ -61,3 +61,6 @@ func (i instrumented) Handle(ctx context.Context, peer server.Peer, req *pb.Requ
 	i.e.reqs.WithLabelValues(t, result).Inc()
 	return resp
 }
+
+// Shed counts a connection the server closed unanswered (server.Limit).
+func (e *Exporter) Shed() { e.shed.Inc() }

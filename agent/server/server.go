@@ -104,12 +104,36 @@ type Server struct {
 	// production; the test user when tests run unprivileged).
 	uid uint32
 	wg  sync.WaitGroup
+
+	// slots bounds the connections served at once (one goroutine and one
+	// fd each); onShed is told of each connection closed unserved.
+	slots  chan struct{}
+	onShed func()
 }
+
+// MaxConns is how many connections the server serves at once by default:
+// far above what a node's steps send together (one per starting step),
+// far below the agent's fd limit.
+const MaxConns = 512
+
+// shedWait is how long an accepted connection waits for a free slot before
+// it is closed unserved: the plugin then tries once more.
+var shedWait = time.Second
 
 // New returns a server; timeout bounds reading a request and writing its
 // answer (the handler's own work is bounded by the context it gets).
 func New(ln *net.UnixListener, h Handler, log *slog.Logger, timeout time.Duration) *Server {
-	return &Server{ln: ln, h: h, log: log.With("component", "server"), timeout: timeout, uid: uint32(os.Geteuid())}
+	return &Server{ln: ln, h: h, log: log.With("component", "server"), timeout: timeout, uid: uint32(os.Geteuid()),
+		slots: make(chan struct{}, MaxConns), onShed: func() {}}
+}
+
+// Limit sets how many connections are served at once, and what is told of
+// each one closed unserved because none was free for shedWait.
+func (s *Server) Limit(max int, onShed func()) {
+	s.slots = make(chan struct{}, max)
+	if onShed != nil {
+		s.onShed = onShed
+	}
 }
 
 // Serve accepts until ctx ends, then waits for open exchanges.
@@ -125,12 +149,39 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
+		select {
+		case s.slots <- struct{}{}:
+		default:
+			if !s.waitSlot(ctx) {
+				// Closed unanswered: the plugin tries again, the agent's
+				// goroutines and fds stay bounded.
+				c.Close()
+				s.onShed()
+				s.log.Warn("connection shed: every slot busy", "max", cap(s.slots))
+				continue
+			}
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			defer func() { <-s.slots }()
 			s.serveConn(ctx, c)
 		}()
 	}
+}
+
+// waitSlot waits up to shedWait for a slot; the accept loop waits with it,
+// so connections queue in the kernel's backlog meanwhile.
+func (s *Server) waitSlot(ctx context.Context) bool {
+	t := time.NewTimer(shedWait)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -280,5 +281,72 @@ func TestPeerVerify(t *testing.T) {
 	v.proceed <- struct{}{}
 	if err := <-v.result; err == nil || !strings.Contains(err.Error(), "exited") {
 		t.Errorf("Verify of a peer that exited: %v, want an error saying it exited", err)
+	}
+}
+
+// blocker holds every request until released.
+type blocker struct {
+	in      chan struct{}
+	release chan struct{}
+}
+
+func (b blocker) Handle(context.Context, Peer, *pb.Request) *pb.Response {
+	b.in <- struct{}{}
+	<-b.release
+	return &pb.Response{}
+}
+
+// At most Limit connections are served at once; one that finds every slot
+// busy for shedWait is closed unanswered and counted.
+func TestConnectionLimit(t *testing.T) {
+	old := shedWait
+	shedWait = 200 * time.Millisecond
+	defer func() { shedWait = old }()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := blocker{in: make(chan struct{}, 10), release: make(chan struct{})}
+	srv := New(ln, b, slog.New(slog.NewTextHandler(io.Discard, nil)), 5*time.Second)
+	var shed atomic.Int32
+	srv.Limit(2, func() { shed.Add(1) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	results := make(chan error, 3)
+	call := func() {
+		_, err := agentclient.Call(sock, &pb.Request{Msg: &pb.Request_JobEpilog{JobEpilog: &pb.JobEpilog{JobId: 1}}}, 3*time.Second)
+		results <- err
+	}
+	go call()
+	go call()
+	<-b.in
+	<-b.in
+	go call() // finds both slots busy
+	select {
+	case err := <-results:
+		if err == nil {
+			t.Fatal("the third request was answered while two were held")
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the third connection was neither served nor shed")
+	}
+	if shed.Load() != 1 {
+		t.Errorf("shed %d connections, want 1", shed.Load())
+	}
+	close(b.release)
+	for range 2 {
+		if err := <-results; err != nil {
+			t.Errorf("held request: %v", err)
+		}
+	}
+	// Slots free again: served.
+	go call()
+	<-b.in
+	if err := <-results; err != nil {
+		t.Errorf("request after the burst: %v", err)
 	}
 }

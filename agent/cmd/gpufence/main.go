@@ -308,6 +308,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	}()
 	waitMetrics := startMetrics(ctx, cfg, exp, d, log)
 	srv := server.New(ln, exp.Instrument(d), log, cfg.RequestTimeout.Duration)
+	srv.Limit(server.MaxConns, exp.Shed)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ctx) }()
 	log.Info("gpufence agent ready", "mode", mode, "socket_activated", activated)
