@@ -433,7 +433,7 @@ static __always_inline int decide(const struct bpf_cgroup_dev_ctx *ctx,
 				  const struct policy *p, __u64 cgroup_id,
 				  int class)
 {
-	int verdict = 1, first_only = 0;
+	int first_only = 0;
 	__u8 decision;
 
 	if (allowed(p, class, ctx->minor)) {
@@ -445,11 +445,21 @@ static __always_inline int decide(const struct bpf_cgroup_dev_ctx *ctx,
 	} else if (cfg->audit_only) {
 		decision = DECISION_WOULD_DENY;
 	} else {
-		verdict = 0;
 		decision = DECISION_DENIED;
 	}
 	audit(ctx, cfg, cgroup_id, decision, first_only);
-	return verdict;
+	return decision != DECISION_DENIED;
+}
+
+// verdict bounds a program's return value where the compiler cannot see
+// it. clang may return a copy of cfg->audit_allowed on the path where it
+// compared equal to 1; Linux 6.1's verifier does not carry that comparison
+// over to a 32-bit copy and refuses the program ("R0 has value (0x0;
+// 0xffffffff) should have been in (0x0; 0x1)").
+static __always_inline int verdict(int v)
+{
+	asm volatile("%[v] &= 1" : [v] "+r"(v));
+	return v;
 }
 
 SEC("cgroup/dev")
@@ -479,7 +489,7 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 		if (p || !id2)
 			id = id1;
 	}
-	return decide(ctx, cfg, p, id, class);
+	return verdict(decide(ctx, cfg, p, id, class));
 }
 
 SEC("cgroup/dev")
@@ -499,5 +509,5 @@ int devfilter_cgroup(struct bpf_cgroup_dev_ctx *ctx)
 
 	// Never NULL for a program attached with cgroup storage.
 	p = bpf_get_local_storage(&storage, 0);
-	return decide(ctx, cfg, p, p->cgroup_id, class);
+	return verdict(decide(ctx, cfg, p, p->cgroup_id, class));
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
@@ -42,6 +43,10 @@ func Probe() (Mode, error) {
 	}
 	if err := features.HaveMapType(ebpf.RingBuf); err != nil {
 		return "", fmt.Errorf("probe ring buffer maps: %w", err)
+	}
+	// Both programs read the task with CO-RE relocations.
+	if _, err := btf.LoadKernelSpec(); err != nil {
+		return "", fmt.Errorf("probe kernel BTF (/sys/kernel/btf/vmlinux, for the programs' CO-RE reads of the task): %w", err)
 	}
 	scopeErr := haveHelpers(scopeHelpers)
 	if scopeErr == nil {
@@ -180,7 +185,14 @@ func New(opts Options) (_ *Filter, err error) {
 		defer prev.close()
 	}
 	reused := prev.replacements(spec, opts.Mode, f.log)
-	loadOpts := &ebpf.CollectionOptions{MapReplacements: reused}
+	// The CO-RE reads only name vmlinux types. Without KernelTypes the
+	// library would load every module's BTF too, and fail the load when a
+	// module goes away meanwhile (seen at boot: powernow_k8 unloading).
+	kernelTypes, err := btf.LoadKernelSpec()
+	if err != nil {
+		return nil, fmt.Errorf("load device filter (%s): kernel BTF: %w", opts.Mode, err)
+	}
+	loadOpts := &ebpf.CollectionOptions{MapReplacements: reused, Programs: ebpf.ProgramOptions{KernelTypes: kernelTypes}}
 	switch opts.Mode {
 	case ModeScope:
 		var objs scopeObjects

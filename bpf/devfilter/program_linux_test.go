@@ -12,10 +12,11 @@ import (
 	"github.com/cilium/ebpf/asm"
 )
 
-// The fallback program must load on Linux 6.1 (Amazon Linux 2023), where a
-// CGROUP_DEVICE program gets only these helpers (cgroup_base_func_proto and,
-// for a CAP_PERFMON loader, bpf_base_func_proto).
-var linux61CgroupDeviceHelpers = map[asm.BuiltinFunc]bool{
+// The fallback program must load where a CGROUP_DEVICE program gets only
+// cgroup_base_func_proto and, for a CAP_PERFMON loader, bpf_base_func_proto:
+// the kernels before 6.1 (5.12 and later have the ring buffer and atomics
+// the program needs). These are those helpers.
+var preLinux61CgroupDeviceHelpers = map[asm.BuiltinFunc]bool{
 	asm.FnMapLookupElem:       true,
 	asm.FnMapUpdateElem:       true,
 	asm.FnMapDeleteElem:       true,
@@ -36,6 +37,22 @@ var linux61CgroupDeviceHelpers = map[asm.BuiltinFunc]bool{
 	asm.FnGetNumaNodeId:       true,
 	asm.FnMapLookupPercpuElem: true,
 }
+
+// Linux 6.1 adds cgroup_current_func_proto to CGROUP_DEVICE programs; of
+// it, measured on Debian 12's 6.1.0-50 (TestPrivilegedProbeFindsAncestorHelper
+// logs the list): get_current_ancestor_cgroup_id, get_current_cgroup_id,
+// get_current_pid_tgid, get_current_comm. The scope program must load there
+// (Amazon Linux 2023 runs 6.1).
+var linux61CgroupDeviceHelpers = func() map[asm.BuiltinFunc]bool {
+	m := map[asm.BuiltinFunc]bool{
+		asm.FnGetCurrentAncestorCgroupId: true, asm.FnGetCurrentCgroupId: true,
+		asm.FnGetCurrentPidTgid: true, asm.FnGetCurrentComm: true,
+	}
+	for h := range preLinux61CgroupDeviceHelpers {
+		m[h] = true
+	}
+	return m
+}()
 
 func programHelpers(t *testing.T, name string) []asm.BuiltinFunc {
 	t.Helper()
@@ -59,10 +76,18 @@ func programHelpers(t *testing.T, name string) []asm.BuiltinFunc {
 	return helpers
 }
 
-func TestPerCgroupProgramHelpersExistOnLinux61(t *testing.T) {
-	for _, h := range programHelpers(t, "devfilter_cgroup") {
-		if !linux61CgroupDeviceHelpers[h] {
-			t.Errorf("devfilter_cgroup calls %s, which Linux 6.1 does not offer to CGROUP_DEVICE programs", h)
+func TestProgramHelpersExistOnOlderKernels(t *testing.T) {
+	for _, tc := range []struct {
+		prog, kernel string
+		offered      map[asm.BuiltinFunc]bool
+	}{
+		{"devfilter_cgroup", "Linux before 6.1", preLinux61CgroupDeviceHelpers},
+		{"devfilter_scope", "Linux 6.1", linux61CgroupDeviceHelpers},
+	} {
+		for _, h := range programHelpers(t, tc.prog) {
+			if !tc.offered[h] {
+				t.Errorf("%s calls %s, which %s does not offer to CGROUP_DEVICE programs", tc.prog, h, tc.kernel)
+			}
 		}
 	}
 }
