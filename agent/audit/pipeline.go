@@ -60,7 +60,10 @@ type Stats struct {
 	QueueDropped uint64
 	// RateSuppressed counts gpu_access records folded into summaries.
 	RateSuppressed uint64
-	Sinks          map[string]SinkStats
+	// RateFull counts accesses the kernel counted without a rate key
+	// (its rate table was full), reported through ReportRateFull.
+	RateFull uint64
+	Sinks    map[string]SinkStats
 }
 
 // SinkStats counts one sink's records.
@@ -88,6 +91,10 @@ type Pipeline struct {
 	ringbufLost    atomic.Uint64 // since the last audit_loss record
 	totalDropped   atomic.Uint64
 	rateSuppressed atomic.Uint64
+	// rateFull counts by decision since the last audit_loss record;
+	// rateFullTotal since New.
+	rateFull      [len(rateFullDecisions)]atomic.Uint64
+	rateFullTotal atomic.Uint64
 
 	sinks      []*sink
 	sinkMu     sync.RWMutex // guards sinkClosed against broadcast
@@ -226,6 +233,23 @@ func (p *Pipeline) ReportLoss(ringbufLost uint64) {
 	p.ringbufLost.Add(ringbufLost)
 }
 
+// rateFullDecisions are the decisions ReportRateFull counts, in the order of
+// Pipeline.rateFull.
+var rateFullDecisions = [...]string{DecisionDenied, DecisionAllowed, DecisionWouldDeny}
+
+// ReportRateFull adds accesses, by decision, that the kernel counted without
+// a rate key because its rate table was full; the next audit_loss record
+// reports them. Like ReportLoss it never drops: the counts stay exact
+// however full the queue is.
+func (p *Pipeline) ReportRateFull(byDecision map[string]uint64) {
+	for i, d := range rateFullDecisions {
+		if n := byDecision[d]; n > 0 {
+			p.rateFull[i].Add(n)
+			p.rateFullTotal.Add(n)
+		}
+	}
+}
+
 // Reopen reopens the file sink (after logrotate renamed it); other sinks
 // reconnect on their own.
 func (p *Pipeline) Reopen() error {
@@ -244,6 +268,7 @@ func (p *Pipeline) Stats() Stats {
 		Emitted:        p.seq.Load(),
 		QueueDropped:   p.totalDropped.Load(),
 		RateSuppressed: p.rateSuppressed.Load(),
+		RateFull:       p.rateFullTotal.Load(),
 		Sinks:          map[string]SinkStats{},
 	}
 	for _, s := range p.sinks {
@@ -352,7 +377,32 @@ func (p *Pipeline) fill(r *Record) {
 	if r.Severity == "" {
 		r.Severity = SeverityInfo
 	}
+	printable(r)
 	r.Seq = p.seq.Add(1)
+}
+
+// printable makes every text field of r safe for a terminal, whichever sink
+// or reader shows it: fields from hostile sources are Escape'd where they
+// are made (comm, exe), this catches whatever else carries such text
+// (messages, errors, reasons that quote a job's own fields).
+func printable(r *Record) {
+	for _, f := range []*string{&r.Node, &r.Cluster, &r.AgentVersion, &r.Message, &r.StepID, &r.User,
+		&r.Comm, &r.Exe, &r.ExeNow, &r.ExeDev, &r.Cgroup, &r.Reason, &r.Error} {
+		*f = Printable(*f)
+	}
+	if r.Device != nil && Printable(r.Device.Path) != r.Device.Path {
+		d := *r.Device
+		d.Path = Printable(d.Path)
+		r.Device = &d
+	}
+	if g := r.GPU; g != nil && (Printable(g.UUID) != g.UUID || (g.MIG != nil && Printable(g.MIG.Profile) != g.MIG.Profile)) {
+		c := *g
+		c.UUID = Printable(c.UUID)
+		if c.MIG != nil {
+			c.MIG = &MIG{Profile: Printable(c.MIG.Profile)}
+		}
+		r.GPU = &c
+	}
 }
 
 func (p *Pipeline) send(r Record) {
@@ -378,14 +428,28 @@ func (p *Pipeline) broadcast(r Record, from *sink) {
 }
 
 func (p *Pipeline) reportLoss() {
-	if p.queueDropped.Load() == 0 && p.ringbufLost.Load() == 0 {
+	pending := p.queueDropped.Load() != 0 || p.ringbufLost.Load() != 0
+	for i := range p.rateFull {
+		pending = pending || p.rateFull[i].Load() != 0
+	}
+	if !pending {
 		return
 	}
 	q, rb := p.queueDropped.Swap(0), p.ringbufLost.Swap(0)
-	p.send(Record{
-		Event:    EventAuditLoss,
-		Severity: SeverityWarning,
-		Message:  fmt.Sprintf("audit records lost: %d dropped at the full queue, %d lost in the kernel ring buffer", q, rb),
-		Loss:     &Loss{QueueDropped: q, RingbufLost: rb, SinkFailed: map[string]uint64{}},
-	})
+	loss := &Loss{QueueDropped: q, RingbufLost: rb, SinkFailed: map[string]uint64{}}
+	msg := fmt.Sprintf("audit records lost: %d dropped at the full queue, %d lost in the kernel ring buffer", q, rb)
+	var full []string
+	for i, d := range rateFullDecisions {
+		if n := p.rateFull[i].Swap(0); n > 0 {
+			if loss.RateFull == nil {
+				loss.RateFull = map[string]uint64{}
+			}
+			loss.RateFull[d] = n
+			full = append(full, fmt.Sprintf("%d %s", n, d))
+		}
+	}
+	if len(full) > 0 {
+		msg += fmt.Sprintf("; accesses counted without job or device because the kernel's rate table was full (decisions stood): %s", strings.Join(full, ", "))
+	}
+	p.send(Record{Event: EventAuditLoss, Severity: SeverityWarning, Message: msg, Loss: loss})
 }

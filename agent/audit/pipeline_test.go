@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -193,6 +194,12 @@ func TestFullQueueDropsAndReports(t *testing.T) {
 		t.Errorf("Emit took %v with a full queue", d)
 	}
 	p.ReportLoss(7)
+	// Counted even with the queue full, reported exactly.
+	p.ReportRateFull(map[string]uint64{DecisionDenied: 11, DecisionAllowed: 2})
+	p.ReportRateFull(map[string]uint64{DecisionDenied: 1, DecisionWouldDeny: 0})
+	if st := p.Stats(); st.RateFull != 14 {
+		t.Errorf("Stats().RateFull = %d, want 14", st.RateFull)
+	}
 	dropped := p.Stats().QueueDropped
 	if dropped < n-9 {
 		t.Fatalf("queue of 8 dropped only %d of %d", dropped, n)
@@ -204,6 +211,7 @@ func TestFullQueueDropsAndReports(t *testing.T) {
 	recs := readRecords(t, opts.File)
 	checkSeqs(t, recs, "file")
 	var access, reportedDrops, ringbuf uint64
+	rateFull := map[string]uint64{}
 	for _, r := range recs {
 		switch r.Event {
 		case EventGPUAccess:
@@ -214,7 +222,13 @@ func TestFullQueueDropsAndReports(t *testing.T) {
 		case EventAuditLoss:
 			reportedDrops += r.Loss.QueueDropped
 			ringbuf += r.Loss.RingbufLost
+			for d, n := range r.Loss.RateFull {
+				rateFull[d] += n
+			}
 		}
+	}
+	if want := map[string]uint64{DecisionDenied: 12, DecisionAllowed: 2}; fmt.Sprint(rateFull) != fmt.Sprint(want) {
+		t.Errorf("audit_loss records report rate_full %v, want %v", rateFull, want)
 	}
 	if access+reportedDrops != n {
 		t.Errorf("%d written + %d reported dropped != %d emitted", access, reportedDrops, n)

@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"os/user"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,15 +21,20 @@ import (
 
 // Recorder receives audit records; *audit.Pipeline implements it. Emit
 // must not block: the kernel's events are read on the same goroutine.
+// ReportLoss (events the kernel's ring buffer had no room for) and
+// ReportRateFull (accesses, by decision, the kernel counted without a rate
+// key because its rate table was full) must never drop what they are given.
 type Recorder interface {
 	Emit(r audit.Record)
 	ReportLoss(ringbufLost uint64)
+	ReportRateFull(byDecision map[string]uint64)
 }
 
 type nopRecorder struct{}
 
-func (nopRecorder) Emit(audit.Record) {}
-func (nopRecorder) ReportLoss(uint64) {}
+func (nopRecorder) Emit(audit.Record)                {}
+func (nopRecorder) ReportLoss(uint64)                {}
+func (nopRecorder) ReportRateFull(map[string]uint64) {}
 
 // suppression turns the kernel's monotonic per-key suppressed totals into
 // exact per-record counts: each total is accounted once, by whichever comes
@@ -35,6 +43,9 @@ type suppression struct {
 	mu       sync.Mutex
 	reported map[devfilter.RateKey]uint64
 	lost     uint64
+	// rateFull is the kernel's rate_full count by decision at the last
+	// flush.
+	rateFull map[devfilter.Decision]uint64
 	// forget holds cgroups whose steps ended, with who they were: flushed
 	// once more, then their kernel entries are deleted.
 	forget map[uint64]owner
@@ -152,8 +163,10 @@ func (u *userNames) lookupCache(uid uint32) (string, bool) {
 }
 
 // accessRecord attributes one kernel event: job and step from the cgroup,
-// user, process, device and GPU.
+// user, process, device and GPU. Text the process chose (comm, exe) is
+// Escape'd; exe is checked against what the kernel saw at the access.
 func (d *Daemon) accessRecord(ev devfilter.Event, o owner, known bool, suppressed uint64) audit.Record {
+	comm := audit.Escape(ev.Comm)
 	r := audit.Record{
 		Event:      audit.EventGPUAccess,
 		Decision:   decisionName(ev.Decision),
@@ -161,7 +174,7 @@ func (d *Daemon) accessRecord(ev devfilter.Event, o owner, known bool, suppresse
 		UID:        audit.UID(ev.UID),
 		User:       d.users.get(ev.UID),
 		PID:        ev.TGID,
-		Comm:       ev.Comm,
+		Comm:       comm,
 		Device:     &audit.Device{Major: ev.Major, Minor: ev.Minor},
 		Access:     accessList(ev.Access),
 		Suppressed: suppressed,
@@ -171,8 +184,12 @@ func (d *Daemon) accessRecord(ev devfilter.Event, o owner, known bool, suppresse
 	if ev.Decision == devfilter.DecisionAllowed {
 		r.Severity = audit.SeverityInfo
 	}
-	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", ev.TGID)); err == nil {
-		r.Exe = exe
+	if ev.TGID != 0 {
+		x := checkExe("/proc", ev)
+		r.Exe, r.ExeNow, r.ExeStatus = audit.Escape(x.exe), audit.Escape(x.now), x.status
+	}
+	if ev.Exe.Known() {
+		r.ExeDev, r.ExeIno = fmt.Sprintf("%d:%d", ev.Exe.Major, ev.Exe.Minor), ev.Exe.Ino
 	}
 	if g, path, ok := d.gpuOf(ev.Major, ev.Minor, o, known); ok {
 		r.GPU = &audit.GPU{Index: g.Index}
@@ -197,11 +214,79 @@ func (d *Daemon) accessRecord(ev devfilter.Event, o owner, known bool, suppresse
 	case r.GPU != nil:
 		what = fmt.Sprintf("GPU %d (%s)", r.GPU.Index, r.Device.Path)
 	}
-	r.Message = fmt.Sprintf("%s %s to %s: pid %d %s, uid %d", what, r.Decision, who, ev.TGID, ev.Comm, ev.UID)
+	r.Message = fmt.Sprintf("%s %s to %s: pid %d %s, uid %d", what, r.Decision, who, ev.TGID, comm, ev.UID)
+	if r.ExeStatus == audit.ExeChanged {
+		r.Message += fmt.Sprintf(" (the process has run %s since; the program of the access is not known by name)", r.ExeNow)
+	}
 	if suppressed > 0 {
 		r.Message += fmt.Sprintf(" (%d more not recorded)", suppressed)
 	}
 	return r
+}
+
+// exeCheck is what the agent can say of the program of an access.
+type exeCheck struct {
+	// exe is set when verified; now when /proc shows a path that is not
+	// (or could not be shown to be) the program of the access.
+	exe, now, status string
+}
+
+// userHZ is the unit of the start time in /proc/<pid>/stat (USER_HZ, 100
+// on every Linux architecture gpufence runs on).
+const userHZ = 100
+
+// checkExe reads /proc/<tgid>/exe, which comes after the access, and says
+// whether it is still the program the kernel saw at the access: the same
+// process (start time) running the same file (inode, superblock device).
+// The path is read before and after the file is compared, so an exec in
+// between is not taken for the program of the access.
+func checkExe(proc string, ev devfilter.Event) exeCheck {
+	dir := filepath.Join(proc, strconv.FormatUint(uint64(ev.TGID), 10))
+	start, ok := procStart(dir)
+	if !ok || (ev.Start != 0 && start != uint64(ev.Start/(time.Second/userHZ))) {
+		// Gone, or the pid is another process's now.
+		return exeCheck{status: audit.ExeExited}
+	}
+	path, err := os.Readlink(filepath.Join(dir, "exe"))
+	if err != nil {
+		if _, serr := os.Stat(dir); serr != nil {
+			return exeCheck{status: audit.ExeExited}
+		}
+		// A kernel thread, or a process whose exe cannot be read.
+		return exeCheck{status: audit.ExeUnverified}
+	}
+	same, err := devfilter.SameExe(filepath.Join(dir, "exe"), filepath.Join(dir, "mountinfo"), ev.Exe)
+	again, err2 := os.Readlink(filepath.Join(dir, "exe"))
+	if now, ok := procStart(dir); !ok || now != start || err2 != nil {
+		return exeCheck{status: audit.ExeExited}
+	}
+	switch {
+	case err != nil || again != path:
+		return exeCheck{now: again, status: audit.ExeUnverified}
+	case !same:
+		return exeCheck{now: path, status: audit.ExeChanged}
+	}
+	return exeCheck{exe: path, status: audit.ExeVerified}
+}
+
+// procStart is field 22 of <dir>/stat, the process's start in clock ticks
+// since boot.
+func procStart(dir string) (uint64, bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return 0, false
+	}
+	// comm may hold spaces and parentheses: the fields start after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 > len(b) {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+2:]))
+	if len(f) < 20 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(f[19], 10, 64)
+	return v, err == nil
 }
 
 // gpuOf attributes a device to the GPU index holding it, and names its
@@ -282,7 +367,8 @@ func (d *Daemon) flushAudit(f Filter) {
 		}
 		ev := devfilter.Event{CgroupID: key.CgroupID, Major: key.Major, Minor: key.Minor, Decision: key.Decision}
 		r := d.accessRecord(ev, o, known, n)
-		r.Event, r.PID, r.Comm, r.UID, r.User, r.Exe, r.Access = audit.EventAccessSuppressed, 0, "", nil, "", "", nil
+		r.Event, r.PID, r.Comm, r.UID, r.User, r.Access = audit.EventAccessSuppressed, 0, "", nil, "", nil
+		r.Exe, r.ExeNow, r.ExeStatus, r.ExeDev, r.ExeIno = "", "", "", "", 0
 		if known && o.exempt == "" {
 			r.UID = audit.UID(o.uid)
 			r.User = d.users.get(o.uid)
@@ -309,6 +395,27 @@ func (d *Daemon) flushAudit(f Filter) {
 			d.log.Warn("kernel audit events lost (ring buffer full); enforcement unaffected", "lost", delta)
 			d.rec.ReportLoss(delta)
 		}
+	}
+	full, err := f.RateFull()
+	if err != nil {
+		d.log.Error("read rate table overflows", "err", err)
+		return
+	}
+	d.supp.mu.Lock()
+	var deltas map[string]uint64
+	for dec, n := range full {
+		if n > d.supp.rateFull[dec] {
+			if deltas == nil {
+				deltas = map[string]uint64{}
+			}
+			deltas[decisionName(dec)] = n - d.supp.rateFull[dec]
+		}
+	}
+	d.supp.rateFull = maps.Clone(full)
+	d.supp.mu.Unlock()
+	if deltas != nil {
+		d.log.Warn("GPU accesses counted without job or device: the kernel's rate table is full (a flood over many steps and devices); decisions unaffected", "by_decision", fmt.Sprint(deltas))
+		d.rec.ReportRateFull(deltas)
 	}
 }
 

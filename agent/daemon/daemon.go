@@ -49,6 +49,7 @@ type Filter interface {
 	Suppressed() (map[devfilter.RateKey]uint64, error)
 	ForgetRate(cgroupID uint64) error
 	Lost() (uint64, error)
+	RateFull() (map[devfilter.Decision]uint64, error)
 	SetAuditOnly(on bool) error
 	Policies() (map[uint64]devfilter.Policy, error)
 	// ScopeCgroupID and Reattach are for ModeScope: the cgroup the scope
@@ -941,7 +942,7 @@ func (d *Daemon) readEvents(f Filter) {
 		key := devfilter.RateKey{CgroupID: ev.CgroupID, Major: ev.Major, Minor: ev.Minor, Decision: ev.Decision}
 		r := d.accessRecord(ev, o, known, d.supp.take(key, ev.Suppressed))
 		d.rec.Emit(r)
-		attrs := []any{"decision", r.Decision, "pid", ev.TGID, "comm", ev.Comm, keyUID, ev.UID,
+		attrs := []any{"decision", r.Decision, "pid", ev.TGID, "comm", r.Comm, keyUID, ev.UID,
 			"device", fmt.Sprintf("%d:%d", ev.Major, ev.Minor), "access", ev.Access.String(), "cgroup_id", ev.CgroupID}
 		if r.GPU != nil {
 			attrs = append(attrs, keyGPU, r.GPU.Index)

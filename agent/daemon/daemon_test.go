@@ -195,6 +195,8 @@ type memRecorder struct {
 	mu   sync.Mutex
 	recs []audit.Record
 	lost uint64
+	// rateFull sums ReportRateFull.
+	rateFull uint64
 }
 
 func (m *memRecorder) Emit(r audit.Record) {
@@ -207,6 +209,14 @@ func (m *memRecorder) ReportLoss(n uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lost += n
+}
+
+func (m *memRecorder) ReportRateFull(byDecision map[string]uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, n := range byDecision {
+		m.rateFull += n
+	}
 }
 
 func (m *memRecorder) records(ev audit.Event) []audit.Record {

@@ -98,6 +98,8 @@ type countRecorder struct {
 	mu   sync.Mutex
 	n    map[string]int
 	lost uint64
+	// rateFull sums ReportRateFull.
+	rateFull uint64
 }
 
 func (c *countRecorder) Emit(r audit.Record) {
@@ -117,6 +119,14 @@ func (c *countRecorder) ReportLoss(n uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.lost += n
+}
+
+func (c *countRecorder) ReportRateFull(byDecision map[string]uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range byDecision {
+		c.rateFull += n
+	}
 }
 
 func (c *countRecorder) get(k string) int {

@@ -42,6 +42,22 @@ func (t tap) ReportLoss(n uint64) {
 	t.next.ReportLoss(n)
 }
 
+// ReportRateFull counts accesses the kernel counted without a rate key: they
+// are accesses (gpufence_gpu_access_total) with no record of their own
+// (gpufence_audit_suppressed_total); the pipeline's Stats count them as
+// lost{where="rate_table"} too, since no record names their job or device.
+func (t tap) ReportRateFull(byDecision map[string]uint64) {
+	for d, n := range byDecision {
+		c, ok := t.e.access[d]
+		if !ok {
+			c = t.e.accessVec.WithLabelValues(d)
+		}
+		c.Add(float64(n))
+		t.e.suppressed.Add(float64(n))
+	}
+	t.next.ReportRateFull(byDecision)
+}
+
 // stateCollector reads the daemon's and the audit pipeline's own counters at
 // scrape time, so nothing is counted twice.
 type stateCollector struct {
@@ -54,7 +70,7 @@ var (
 	descPolicies = prometheus.NewDesc(namePolicies, "Policy entries the agent keeps in the kernel filter: one per registered step (kind=step), one allow-all per exempt Slurm cgroup (kind=exempt).", []string{"kind"}, nil)
 	descAttached = prometheus.NewDesc(nameFilterAttached, "1 when the GPU device filter is attached; 0 until Slurm's slurmstepd scope exists or when attaching failed (GPU steps are then refused).", nil, nil)
 	descRecords  = prometheus.NewDesc(nameAuditRecords, "Audit records numbered and handed to the sinks (the last seq).", nil, nil)
-	descLost     = prometheus.NewDesc(nameAuditLost, "Audit records lost, by where: kernel (ring buffer full), queue (the agent's queue full), sink (a sink failed or its queue was full; summed over sinks).", []string{"where"}, nil)
+	descLost     = prometheus.NewDesc(nameAuditLost, "Audit records lost, by where: kernel (ring buffer full), rate_table (accesses the kernel counted without job or device because its rate table was full; they are in gpufence_gpu_access_total), queue (the agent's queue full), sink (a sink failed or its queue was full; summed over sinks).", []string{"where"}, nil)
 	descSink     = prometheus.NewDesc(nameAuditSink, "Audit records per sink, by result: written, failed (write error), dropped (the sink's queue was full).", []string{"sink", "result"}, nil)
 )
 
@@ -89,6 +105,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	st := c.e.opts.AuditStats()
 	ch <- prometheus.MustNewConstMetric(descRecords, prometheus.CounterValue, float64(st.Emitted))
 	lost("queue", st.QueueDropped)
+	lost("rate_table", st.RateFull)
 	var sinkLost uint64
 	for name, s := range st.Sinks {
 		sinkLost += s.Failed + s.Dropped

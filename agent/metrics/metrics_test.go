@@ -50,9 +50,10 @@ func (f *fakeSampler) set(err error, us ...inventory.Usage) {
 }
 
 type records struct {
-	mu   sync.Mutex
-	recs []audit.Record
-	lost uint64
+	mu       sync.Mutex
+	recs     []audit.Record
+	lost     uint64
+	rateFull uint64
 }
 
 func (r *records) Emit(rec audit.Record) {
@@ -62,6 +63,12 @@ func (r *records) Emit(rec audit.Record) {
 }
 
 func (r *records) ReportLoss(n uint64) { r.lost += n }
+
+func (r *records) ReportRateFull(m map[string]uint64) {
+	for _, n := range m {
+		r.rateFull += n
+	}
+}
 
 func (r *records) all() []audit.Record {
 	r.mu.Lock()
@@ -317,20 +324,21 @@ func TestTapCountsAccessesNotRecords(t *testing.T) {
 	tp.Emit(audit.Record{Event: audit.EventGPUAccess, Decision: audit.DecisionWouldDeny})
 	tp.Emit(audit.Record{Event: audit.EventPolicyApplied, JobID: 3})
 	tp.ReportLoss(2)
+	tp.ReportRateFull(map[string]uint64{audit.DecisionDenied: 10, audit.DecisionAllowed: 1})
 	reg := e.Registry()
-	for decision, want := range map[string]float64{"denied": 6, "allowed": 3, "would-deny": 1} {
+	for decision, want := range map[string]float64{"denied": 16, "allowed": 4, "would-deny": 1} {
 		if v := one(t, reg, nameAccess, map[string]string{"decision": decision}); v != want {
 			t.Errorf("%s{decision=%q} = %v, want %v", nameAccess, decision, v, want)
 		}
 	}
-	if v := one(t, reg, nameSuppressed, nil); v != 7 {
-		t.Errorf("suppressed %v, want 7", v)
+	if v := one(t, reg, nameSuppressed, nil); v != 18 {
+		t.Errorf("suppressed %v, want 18", v)
 	}
 	if v := one(t, reg, nameAuditLost, map[string]string{"where": "kernel"}); v != 2 {
 		t.Errorf("kernel loss %v, want 2", v)
 	}
-	if len(next.all()) != 5 || next.lost != 2 {
-		t.Errorf("the tap passed on %d records and %d lost, want 5 and 2", len(next.all()), next.lost)
+	if len(next.all()) != 5 || next.lost != 2 || next.rateFull != 11 {
+		t.Errorf("the tap passed on %d records, %d lost and %d rate_full, want 5, 2 and 11", len(next.all()), next.lost, next.rateFull)
 	}
 }
 
@@ -378,7 +386,7 @@ func (f *fakeDaemon) Counts() daemon.Counts { return f.counts }
 
 func TestStateAtScrape(t *testing.T) {
 	e := New(Options{AuditStats: func() audit.Stats {
-		return audit.Stats{Emitted: 40, QueueDropped: 2, Sinks: map[string]audit.SinkStats{
+		return audit.Stats{Emitted: 40, QueueDropped: 2, RateFull: 5, Sinks: map[string]audit.SinkStats{
 			"file": {Written: 38, Failed: 1, Dropped: 1}, "syslog": {Written: 39, Dropped: 1}}}
 	}})
 	d := &fakeDaemon{counts: daemon.Counts{Jobs: 2, Steps: 3, Exempt: 2, FilterAttached: true}}
@@ -393,6 +401,7 @@ func TestStateAtScrape(t *testing.T) {
 		{nameJobs, nil, 2}, {namePolicies, map[string]string{"kind": "step"}, 3}, {namePolicies, map[string]string{"kind": "exempt"}, 2},
 		{nameFilterAttached, nil, 1}, {nameAuditRecords, nil, 40},
 		{nameAuditLost, map[string]string{"where": "queue"}, 2}, {nameAuditLost, map[string]string{"where": "sink"}, 3},
+		{nameAuditLost, map[string]string{"where": "rate_table"}, 5},
 		{nameAuditSink, map[string]string{"sink": "file", "result": "failed"}, 1},
 		{nameAuditSink, map[string]string{"sink": "syslog", "result": "written"}, 39},
 		{nameAllocated, map[string]string{"job_id": "9"}, 1},

@@ -41,6 +41,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(loopEnv); dir != "" {
 		os.Exit(childLoop(dir))
 	}
+	if node := os.Getenv(execEnv); node != "" {
+		os.Exit(childExec(node))
+	}
 	os.Exit(m.Run())
 }
 

@@ -23,7 +23,7 @@ const (
 	// ModeScope attaches one program on the Slurm scope cgroup and looks up
 	// the policy of each access by the step (or job) cgroup of the task.
 	// Needs bpf_get_current_ancestor_cgroup_id for cgroup device programs
-	// (Linux >= 6.4).
+	// (Linux >= 6.1).
 	ModeScope Mode = "scope"
 	// ModePerCgroup attaches the program to each cgroup that gets a policy,
 	// with the policy in the attachment's cgroup storage. Cgroups that never
@@ -303,7 +303,25 @@ type Event struct {
 	// key's entry was created. It only grows (but events from different
 	// CPUs can arrive out of order), so differences give exact counts.
 	Suppressed uint64
+	// Exe is the file the process executed, as the kernel saw it at the
+	// access (zero: unknown). /proc/<TGID>/exe, read later, may name
+	// another program if the process has exec'd since.
+	Exe ExeID
+	// Start is when the process (thread group leader) started, on
+	// CLOCK_BOOTTIME; 0 if unknown. A pid reused by another process has
+	// another start.
+	Start time.Duration
 }
+
+// ExeID identifies an executable file: its inode number and the device of
+// its file system's superblock. The zero value means unknown.
+type ExeID struct {
+	Ino          uint64
+	Major, Minor uint32
+}
+
+// Known says whether the kernel identified the file.
+func (x ExeID) Known() bool { return x.Ino != 0 }
 
 // RateKey is what reports are rate-limited by.
 type RateKey struct {
