@@ -62,7 +62,6 @@ func TestPrivilegedFullFilesystem(t *testing.T) {
 	}
 	opts := testOptions(t)
 	opts.File = filepath.Join(dir, "audit", "audit.jsonl")
-	opts.RateBurst = -1
 	opts.RetryInterval = time.Nanosecond
 	p, err := New(opts, nil)
 	if err != nil {

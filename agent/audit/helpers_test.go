@@ -168,7 +168,6 @@ func testOptions(t *testing.T) Options {
 		Cluster:      "research",
 		AgentVersion: "v0.3.0-test",
 		BootID:       testBootID,
-		RateInterval: time.Hour,
 	}
 }
 

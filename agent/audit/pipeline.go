@@ -31,14 +31,6 @@ type Options struct {
 	SinkQueueSize               int
 	Node, Cluster, AgentVersion string
 
-	// Attribute, when set, completes a record after the queue (job, user,
-	// GPU), so that a slow lookup never blocks the event reader.
-	Attribute func(*Record)
-	// RateBurst gpu_access records per job+step+device+decision are written
-	// per RateInterval; the rest are counted and summarised in an
-	// access_suppressed record. Defaults 5 and 10s; RateBurst < 0 disables.
-	RateBurst    int
-	RateInterval time.Duration
 	// RetryInterval is how long a failing sink waits before it tries again
 	// (default 1s); records meanwhile are counted as lost.
 	RetryInterval time.Duration
@@ -50,6 +42,9 @@ type Options struct {
 	BootID string
 
 	testWriters []writer
+	// testStall, when set, runs before each record is dispatched (tests
+	// hold the dispatcher with it to fill the queue).
+	testStall func()
 }
 
 // Stats counts records since New.
@@ -58,8 +53,6 @@ type Stats struct {
 	Emitted uint64
 	// QueueDropped counts records dropped because the queue was full.
 	QueueDropped uint64
-	// RateSuppressed counts gpu_access records folded into summaries.
-	RateSuppressed uint64
 	// RateFull counts accesses the kernel counted without a rate key
 	// (its rate table was full), reported through ReportRateFull.
 	RateFull uint64
@@ -86,11 +79,10 @@ type Pipeline struct {
 	closed bool
 	queue  chan Record
 
-	seq            atomic.Uint64
-	queueDropped   atomic.Uint64 // since the last audit_loss record
-	ringbufLost    atomic.Uint64 // since the last audit_loss record
-	totalDropped   atomic.Uint64
-	rateSuppressed atomic.Uint64
+	seq          atomic.Uint64
+	queueDropped atomic.Uint64 // since the last audit_loss record
+	ringbufLost  atomic.Uint64 // since the last audit_loss record
+	totalDropped atomic.Uint64
 	// rateFull counts by decision since the last audit_loss record;
 	// rateFullTotal since New.
 	rateFull      [len(rateFullDecisions)]atomic.Uint64
@@ -101,7 +93,6 @@ type Pipeline struct {
 	sinkClosed bool
 	late       []lateRecord // broadcast after the sink queues closed
 
-	limiter    *limiter
 	dispatched chan struct{}
 	sinksDone  sync.WaitGroup
 	closeOnce  sync.Once
@@ -123,12 +114,6 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 	if opts.QueueSize < 0 || opts.SinkQueueSize < 0 {
 		return nil, errors.New("audit: queue sizes must be positive")
 	}
-	if opts.RateBurst == 0 {
-		opts.RateBurst = 5
-	}
-	if opts.RateInterval <= 0 {
-		opts.RateInterval = 10 * time.Second
-	}
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = time.Second
 	}
@@ -147,7 +132,6 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 		bootID:     opts.BootID,
 		queue:      make(chan Record, opts.QueueSize),
 		dispatched: make(chan struct{}),
-		limiter:    newLimiter(opts.RateBurst, opts.RateInterval),
 	}
 	if p.bootID == "" {
 		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
@@ -265,11 +249,10 @@ func (p *Pipeline) Reopen() error {
 // Stats returns counts since New.
 func (p *Pipeline) Stats() Stats {
 	st := Stats{
-		Emitted:        p.seq.Load(),
-		QueueDropped:   p.totalDropped.Load(),
-		RateSuppressed: p.rateSuppressed.Load(),
-		RateFull:       p.rateFullTotal.Load(),
-		Sinks:          map[string]SinkStats{},
+		Emitted:      p.seq.Load(),
+		QueueDropped: p.totalDropped.Load(),
+		RateFull:     p.rateFullTotal.Load(),
+		Sinks:        map[string]SinkStats{},
 	}
 	for _, s := range p.sinks {
 		st.Sinks[s.name] = SinkStats{Written: s.written.Load(), Failed: s.failed.Load(), Dropped: s.dropped.Load()}
@@ -325,37 +308,19 @@ func (p *Pipeline) Close() error {
 	return p.closeErr
 }
 
-// dispatch is the only goroutine that numbers records for all sinks.
+// dispatch is the only goroutine that numbers records for all sinks. (The
+// kernel limits access records per job step, device and decision, and
+// counts the rest exactly; nothing is limited here.)
 func (p *Pipeline) dispatch() {
 	defer close(p.dispatched)
-	tick := time.NewTicker(p.opts.RateInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case r, ok := <-p.queue:
-			if !ok {
-				p.reportLoss()
-				for _, s := range p.limiter.flush(time.Now(), true) {
-					p.send(s)
-				}
-				return
-			}
-			p.reportLoss()
-			if p.opts.Attribute != nil {
-				p.opts.Attribute(&r)
-			}
-			if r.Event == EventGPUAccess && !p.limiter.allow(&r) {
-				p.rateSuppressed.Add(1)
-				continue
-			}
-			p.send(r)
-		case now := <-tick.C:
-			p.reportLoss()
-			for _, s := range p.limiter.flush(now, false) {
-				p.send(s)
-			}
+	for r := range p.queue {
+		p.reportLoss()
+		if p.opts.testStall != nil {
+			p.opts.testStall()
 		}
+		p.send(r)
 	}
+	p.reportLoss()
 }
 
 // fill completes the fields every record carries and gives it the next seq.

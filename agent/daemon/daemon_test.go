@@ -20,8 +20,8 @@ import (
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/policy"
-	"github.com/gpufence/gpufence/agent/server"
 	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
@@ -176,7 +176,9 @@ func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
 	if err != nil {
 		tr.t.Fatal(err)
 	}
-	d.ctld = tr.ctld
+	if d.recovery != nil {
+		d.recovery.Source = tr.ctld
+	}
 	tr.t.Cleanup(func() { d.Close() })
 	return d, buf
 }
@@ -243,7 +245,7 @@ func call(d *Daemon, pid int, msg any) *pb.Response {
 	case *pb.JobEpilog:
 		req.Msg = &pb.Request_JobEpilog{JobEpilog: m}
 	}
-	return d.Handle(nil, server.Peer{PID: pid}, req)
+	return d.Handle(nil, peer.Peer{PID: pid}, req)
 }
 
 func ptr(s string) *string { return &s }
@@ -294,10 +296,7 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 	}
 
 	tr.expect(task1, 2)
-	d.mu.Lock()
-	f := d.filter
-	d.mu.Unlock()
-	d.flushAudit(f)
+	d.flush()
 	deadline := time.Now().Add(5 * time.Second)
 	var denied []audit.Record
 	for time.Now().Before(deadline) {
@@ -360,17 +359,16 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 	call(d, 0, &pb.JobEpilog{JobId: 2})
 	call(d, 0, &pb.JobEpilog{JobId: 3})
 	call(d, 0, &pb.JobEpilog{JobId: 1})
-	d.mu.Lock()
-	owners, jobs := len(d.owners), len(d.jobs)
-	d.mu.Unlock()
+	steps, exempt := d.owned()
+	jobs := len(d.reg.Jobs())
 	if n := len(tr.rec.records(audit.EventPolicyReleased)); n != 4 {
 		t.Errorf("%d policy_released records, want 4", n)
 	}
 	if n := len(tr.rec.records(audit.EventLookupFailed)); n != 1 {
 		t.Errorf("%d lookup_failed records, want 1 (the foreign task pid)", n)
 	}
-	if want := len(d.exempts); owners != want || jobs != 1 {
-		t.Errorf("after epilogs: %d owners (want the %d exempt ones), %d jobs (want job 6 only: its epilog never came)", owners, want, jobs)
+	if steps != 0 || jobs != 1 {
+		t.Errorf("after epilogs: %d steps (want none, beside the %d exempt cgroups), %d jobs (want job 6 only: its epilog never came)", steps, exempt, jobs)
 	}
 	_ = step1
 }
@@ -399,25 +397,18 @@ func TestPrivilegedReconcileRemovesVanishedStep(t *testing.T) {
 	}
 	tr.ctld.set(1, slurm.ControllerJob{ID: 1, UID: 1000, State: "RUNNING", OnNode: true, GPUs: []int{0}}, nil)
 	d.Reconcile()
-	d.mu.Lock()
-	j, owners := d.jobs[1], len(d.owners)
-	d.mu.Unlock()
-	if j == nil || len(j.steps) != 0 {
-		t.Fatalf("job record after its step and cgroup vanished while slurmctld says it runs: %+v, want kept with no step", j)
+	j, js, ok := d.job(1)
+	if !ok || len(js) != 0 {
+		t.Fatalf("job record after its step and cgroup vanished while slurmctld says it runs: %+v %v, want kept with no step", j, js)
 	}
-	if owners != len(d.exempts) {
-		t.Errorf("%d owners left, want only the exempt ones", owners)
+	if steps, _ := d.owned(); steps != 0 {
+		t.Errorf("%d steps left, want none", steps)
 	}
 	// The job ended without its epilog reaching the agent.
 	tr.ctld.set(1, slurm.ControllerJob{}, slurm.ErrJobUnknown)
-	d.mu.Lock()
-	d.jobs[1].nextCheck = time.Time{}
-	d.mu.Unlock()
+	d.reg.SetCheck(1, time.Time{}, 0)
 	d.Reconcile()
-	d.mu.Lock()
-	j = d.jobs[1]
-	d.mu.Unlock()
-	if j != nil {
+	if _, _, ok := d.job(1); ok {
 		t.Errorf("job record left after slurmctld said the job is gone")
 	}
 	if n := tr.ctld.calls(1); n != 2 {
@@ -449,61 +440,8 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 	if r := call(d, 0, &pb.JobProlog{JobId: 1, JobGpus: ptr("0,x")}); r.Error != "" {
 		t.Errorf("a bad prolog list is recorded as broken, not refused: %q", r.Error)
 	}
-	if !strings.Contains(d.jobs[1].broken, "SLURM_JOB_GPUS") {
-		t.Errorf("broken = %q", d.jobs[1].broken)
+	if j, _, _ := d.job(1); !strings.Contains(j.Broken, "SLURM_JOB_GPUS") {
+		t.Errorf("broken = %q", j.Broken)
 	}
 	_ = time.Second
-}
-
-func TestIngestFailOpen(t *testing.T) {
-	dir := t.TempDir()
-	spool := filepath.Join(dir, "failopen.jsonl")
-	lines := `{"time":"2026-11-29T09:00:00Z","job_id":7,"step_id":"0","uid":0,"node":"n1","reason":"connect: no such file or directory"}
-{"time":"2026-11-29T09:00:01Z","job_id":8,"step_id":"batch","uid":0,"node":"n1","reason":"no answer within 10s"}
-`
-	os.WriteFile(spool, []byte(lines), 0o600)
-	rec := &memRecorder{}
-	d := &Daemon{cfg: config.Config{FailOpenSpool: spool}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rec: rec}
-	d.ingestFailOpen()
-	got := rec.records(audit.EventStepUnfiltered)
-	if len(got) != 2 || got[0].JobID != 7 || got[1].StepID != "batch" || got[0].Reason == "" || !strings.Contains(got[0].Message, "WITHOUT GPU isolation") {
-		t.Fatalf("records %+v", got)
-	}
-	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
-		t.Errorf("spool not consumed: %v", left)
-	}
-	d.ingestFailOpen() // nothing twice
-	if n := len(rec.records(audit.EventStepUnfiltered)); n != 2 {
-		t.Errorf("%d records after a second pass", n)
-	}
-	// A bad line keeps the file for a person to look at.
-	os.WriteFile(spool, []byte("not json\n"), 0o600)
-	d.ingestFailOpen()
-	if left, _ := filepath.Glob(filepath.Join(dir, "*.ingest")); len(left) != 1 {
-		t.Errorf("bad spool not kept: %v", left)
-	}
-
-	// A spool that is not the plugin's is not read: a link, a file others
-	// may write, a file of another user.
-	other := filepath.Join(dir, "elsewhere.jsonl")
-	os.WriteFile(other, []byte(lines), 0o600)
-	untrusted := map[string]func(){
-		"symlink":        func() { os.Symlink(other, spool) },
-		"group-writable": func() { os.WriteFile(spool, []byte(lines), 0o600); os.Chmod(spool, 0o620) },
-	}
-	if os.Geteuid() == 0 {
-		untrusted["owned by nobody"] = func() { os.WriteFile(spool, []byte(lines), 0o600); os.Chown(spool, 65534, 65534) }
-	}
-	for name, make := range untrusted {
-		os.Remove(spool)
-		make()
-		before := len(rec.records(audit.EventStepUnfiltered))
-		d.ingestFailOpen()
-		if n := len(rec.records(audit.EventStepUnfiltered)); n != before {
-			t.Errorf("%s spool: %d records written from it", name, n-before)
-		}
-		if _, err := os.Lstat(spool); err != nil {
-			t.Errorf("%s spool was taken: %v", name, err)
-		}
-	}
 }

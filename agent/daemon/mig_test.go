@@ -140,10 +140,7 @@ func testDaemonMIG(t *testing.T, mode devfilter.Mode) {
 		tr.expectNodes(filepath.Join(tr.scope, "slurmd"), migNodes...)
 	}
 
-	d.mu.Lock()
-	f := d.filter
-	d.mu.Unlock()
-	d.flushAudit(f)
+	d.flush()
 	var rec *audit.Record
 	for deadline := time.Now().Add(5 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		for _, r := range tr.rec.records(audit.EventGPUAccess) {

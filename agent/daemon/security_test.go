@@ -123,16 +123,10 @@ func TestPrivilegedCancelledStepsKeepTheRecord(t *testing.T) {
 	tr.removeJobCgroup("job_1", ext, s0)
 	for range 3 {
 		d.Reconcile()
-		d.mu.Lock()
-		if j := d.jobs[1]; j != nil {
-			j.nextCheck = time.Time{} // ask at every pass
-		}
-		d.mu.Unlock()
+		d.reg.SetCheck(1, time.Time{}, 0) // ask at every pass
 	}
-	d.mu.Lock()
-	j := d.jobs[1]
-	d.mu.Unlock()
-	if j == nil || !slices.Equal(j.GPUs, []int{1}) || j.recovered != "" {
+	j, _, ok := d.job(1)
+	if !ok || !slices.Equal(j.GPUs, []int{1}) || j.Recovered != "" {
 		t.Fatalf("job 1 after its steps and cgroup were cancelled: %+v; want its prolog record kept", j)
 	}
 	// The next whole-job step (srun --interactive / salloc) gets GPU 1 only.
@@ -193,17 +187,13 @@ func TestPrivilegedRecoveryRefusesAmbiguousAnswer(t *testing.T) {
 
 	// slurmctld's JSON says GPU 2, for another uid: refused too.
 	tr.ctld.set(4, slurm.ControllerJob{ID: 4, UID: 1001, State: "RUNNING", OnNode: true, GPUs: []int{2}}, nil)
-	d.mu.Lock()
-	delete(d.asked, 4)
-	d.mu.Unlock()
+	d.recovery.Forget(4)
 	if r := call(d, s.Process.Pid, &pb.StepStart{JobId: 4, StepId: policy.InteractiveStep, Uid: 1000}); len(r.Gpus) != 0 {
 		t.Errorf("step of uid 1000 in a job slurmctld says is uid 1001's: %+v", r)
 	}
 	// For the right uid: exactly GPU 2.
 	tr.ctld.set(4, slurm.ControllerJob{ID: 4, UID: 1000, State: "RUNNING", OnNode: true, GPUs: []int{2}, Source: "test"}, nil)
-	d.mu.Lock()
-	delete(d.asked, 4)
-	d.mu.Unlock()
+	d.recovery.Forget(4)
 	r = call(d, s.Process.Pid, &pb.StepStart{JobId: 4, StepId: policy.InteractiveStep, Uid: 1000})
 	if r.Error != "" || !slices.Equal(r.Gpus, []uint32{2}) {
 		t.Fatalf("interactive step after recovery: %+v, want GPU 2", r)
@@ -279,21 +269,15 @@ func TestPrivilegedPerCgroupEndedStepStaysDenied(t *testing.T) {
 	tr.expect(task) // denied, not unfiltered
 	d.Reconcile()
 	tr.expect(task)
-	d.mu.Lock()
-	n := len(d.ended)
-	d.mu.Unlock()
-	if n != 1 {
+	if n := d.enf.Ended(); n != 1 {
 		t.Errorf("%d ended entries kept, want 1", n)
 	}
 	tr.removeJobCgroup("job_1", s)
 	d.Reconcile()
-	d.mu.Lock()
-	n = len(d.ended)
-	d.mu.Unlock()
-	if n != 0 {
+	if n := d.enf.Ended(); n != 0 {
 		t.Errorf("%d ended entries after the cgroup is gone, want 0", n)
 	}
-	pol, err := d.filter.Policies()
+	pol, err := d.filter().Policies()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,20 +294,18 @@ func TestPrivilegedUserLookups(t *testing.T) {
 	var mu sync.Mutex
 	lookups, underLock := 0, 0
 	fail := true
-	d.users = userNames{lookup: func(uid uint32) (string, error) {
+	d.users.Lookup = func(uid uint32) (string, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		lookups++
-		if !d.mu.TryLock() {
+		if d.reg.Busy() || d.enf.Busy() {
 			underLock++
-		} else {
-			d.mu.Unlock()
 		}
 		if fail {
 			return "", errors.New("LDAP down")
 		}
 		return "alice", nil
-	}}
+	}
 	call(d, 0, &pb.JobProlog{JobId: 1, Uid: 1000, JobGpus: ptr("1")})
 	s := tr.start(tr.mkdir("job_1/step_0/slurm"))
 	for range 3 {
@@ -336,11 +318,7 @@ func TestPrivilegedUserLookups(t *testing.T) {
 	}
 	fail = false
 	mu.Unlock()
-	d.users.mu.Lock()
-	n := d.users.names[1000]
-	n.expires = time.Now().Add(-time.Second)
-	d.users.names[1000] = n
-	d.users.mu.Unlock()
+	d.users.Expire(1000)
 	if r := call(d, s.Process.Pid, &pb.StepStart{JobId: 1, StepId: 0, Uid: 1000, StepGpus: ptr("1")}); r.Error != "" {
 		t.Fatal(r.Error)
 	}
@@ -348,7 +326,7 @@ func TestPrivilegedUserLookups(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if lookups != 2 || underLock != 0 {
-		t.Errorf("%d lookups (want 2: retried after the failure expired), %d under the daemon lock (want 0)", lookups, underLock)
+		t.Errorf("%d lookups (want 2: retried after the failure expired), %d under the registry's or the enforcer's lock (want 0)", lookups, underLock)
 	}
 	var named int
 	for _, r := range tr.rec.records(audit.EventPolicyReleased) {

@@ -4,18 +4,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpufence/gpufence/agent/audit"
-	"github.com/gpufence/gpufence/agent/daemon"
 )
 
-// Tap counts the accesses in the records the daemon emits, and the kernel
+// Trail is where records go after the exporter counted them;
+// *audit.Pipeline implements it.
+type Trail interface {
+	Emit(r audit.Record)
+	ReportLoss(ringbufLost uint64)
+	ReportRateFull(byDecision map[string]uint64)
+}
+
+// Tap counts the accesses in the records the agent emits, and the kernel
 // ring buffer's losses, before handing both on to next. Counting here, ahead
 // of the audit queue, keeps the access counts right when the queue drops.
-func (e *Exporter) Tap(next daemon.Recorder) daemon.Recorder {
+func (e *Exporter) Tap(next Trail) Trail {
 	return tap{next: next, e: e}
 }
 
 type tap struct {
-	next daemon.Recorder
+	next Trail
 	e    *Exporter
 }
 
@@ -62,7 +69,7 @@ func (t tap) ReportRateFull(byDecision map[string]uint64) {
 // scrape time, so nothing is counted twice.
 type stateCollector struct {
 	e      *Exporter
-	daemon Daemon // guarded by e.mu
+	counts func() Counts // guarded by e.mu
 }
 
 var (
@@ -82,10 +89,10 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.e.mu.Lock()
-	d := c.daemon
+	counts := c.counts
 	c.e.mu.Unlock()
-	if d != nil {
-		n := d.Counts()
+	if counts != nil {
+		n := counts()
 		attached := 0.0
 		if n.FilterAttached {
 			attached = 1

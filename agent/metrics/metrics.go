@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/gpufence/gpufence/agent/audit"
-	"github.com/gpufence/gpufence/agent/daemon"
+	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/jobmap"
 	"github.com/gpufence/gpufence/agent/version"
@@ -85,7 +85,7 @@ type Exporter struct {
 	state stateCollector
 
 	mu     sync.Mutex
-	allocs []daemon.Allocation
+	allocs []Allocation
 	wake   chan struct{}
 
 	// Owned by the loop (Run, or a test calling refresh/sample directly).
@@ -209,19 +209,25 @@ func New(o Options) *Exporter {
 // Registry is the exporter's own registry.
 func (e *Exporter) Registry() *prometheus.Registry { return e.reg }
 
-// Daemon is what the exporter follows; *daemon.Daemon implements it.
-type Daemon interface {
-	SetObserver(o daemon.Observer)
-	Counts() daemon.Counts
+// Counts is what the agent holds, read at scrape time.
+type Counts struct {
+	Jobs, Steps, Exempt int
+	FilterAttached      bool
 }
 
-// Follow reads d's jobs, steps and filter state at scrape time and its GPU
-// allocations as they change.
-func (e *Exporter) Follow(d Daemon) {
+// Allocation is one job's trusted GPUs on this node: what the per-job
+// series and dcgm-exporter's job mapping attribute a GPU to.
+type Allocation struct {
+	JobID, UID uint32
+	GPUs       []devices.GPU
+}
+
+// Follow reads the agent's counts at scrape time; its allocations come
+// through Allocations as they change.
+func (e *Exporter) Follow(counts func() Counts) {
 	e.mu.Lock()
-	e.state.daemon = d
+	e.state.counts = counts
 	e.mu.Unlock()
-	d.SetObserver(e)
 }
 
 // healthTimeout is how long /healthz waits for the daemon's state.

@@ -5,6 +5,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"slices"
 	"strconv"
 )
@@ -59,7 +60,7 @@ func ForStep(job *Job, jobID, stepID uint32, stepGPUs *string) (Decision, error)
 	var requested []int
 	if !WholeJobStep(stepID) && stepGPUs != nil {
 		var err error
-		if requested, err = ParseGPUList(*stepGPUs); err != nil {
+		if requested, err = gpulist.Parse(*stepGPUs); err != nil {
 			return Decision{}, fmt.Errorf("SLURM_STEP_GPUS of step %d.%s: %w", jobID, StepName(stepID), err)
 		}
 	}
@@ -83,7 +84,7 @@ func ForStep(job *Job, jobID, stepID uint32, stepGPUs *string) (Decision, error)
 		}
 	}
 	if len(outside) > 0 {
-		d.Note = fmt.Sprintf("step asked for GPUs %s outside the job's trusted list %q; they stay denied", FormatGPUList(outside), FormatGPUList(job.GPUs))
+		d.Note = fmt.Sprintf("step asked for GPUs %s outside the job's trusted list %q; they stay denied", gpulist.Format(outside), gpulist.Format(job.GPUs))
 	}
 	return d, nil
 }

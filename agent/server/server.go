@@ -16,48 +16,14 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/gpufence/gpufence/agent/peer"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 	"github.com/gpufence/gpufence/proto/wire"
 )
 
-// Peer is the connecting process as the kernel reports it.
-type Peer struct {
-	PID int
-	UID uint32
-	GID uint32
-	// pidfd pins the peer process (SO_PEERPIDFD, Linux 6.5+); pinned is
-	// false on older kernels, where PID alone names it.
-	pidfd  int
-	pinned bool
-}
-
-// Verify reports an error when the peer process has exited since it
-// connected. Call it after reading something about the peer through its
-// PID (/proc/<pid>/cgroup): if the peer still runs, that PID cannot have
-// been reused by another process meanwhile, so what was read is the
-// peer's. Without SO_PEERPIDFD (Linux < 6.5) it cannot tell and returns
-// nil.
-func (p Peer) Verify() error {
-	if !p.pinned {
-		return nil
-	}
-	if err := unix.PidfdSendSignal(p.pidfd, 0, nil, 0); err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("the connecting process (pid %d) exited before its request was handled; its pid may belong to another process now", p.PID)
-		}
-		return fmt.Errorf("check the connecting process (pid %d): %w", p.PID, err)
-	}
-	return nil
-}
-
-// Pinned reports whether the peer is pinned by a pidfd (see Verify).
-func (p Peer) Pinned() bool { return p.pinned }
-
 // Handler answers one request. The Response's Error is shown to the user.
 type Handler interface {
-	Handle(ctx context.Context, peer Peer, req *pb.Request) *pb.Response
+	Handle(ctx context.Context, p peer.Peer, req *pb.Request) *pb.Response
 }
 
 // Listen creates the socket at path, mode 0600 owned by root. A stale socket
@@ -155,8 +121,8 @@ func (s *Server) Serve(ctx context.Context) error {
 			if !s.waitSlot(ctx) {
 				// Closed unanswered: the plugin tries again, the agent's
 				// goroutines and fds stay bounded.
-				c.Close()
 				s.onShed()
+				c.Close()
 				s.log.Warn("connection shed: every slot busy", "max", cap(s.slots))
 				continue
 			}
@@ -187,15 +153,13 @@ func (s *Server) waitSlot(ctx context.Context) bool {
 func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 	conn := wire.NewConn(c)
 	defer conn.Close()
-	peer, err := peerOf(c)
+	p, err := peer.Of(c)
 	if err != nil {
 		s.log.Error("cannot read peer credentials; closing", "err", err)
 		return
 	}
-	if peer.pinned {
-		defer unix.Close(peer.pidfd)
-	}
-	log := s.log.With("peer_pid", peer.PID, "peer_uid", peer.UID)
+	defer p.Close()
+	log := s.log.With("peer_pid", p.PID, "peer_uid", p.UID)
 	// The request is read (size-capped, time-limited) before the peer is
 	// judged, so that a refused client gets the reason instead of a broken
 	// pipe; nothing of it is acted on unless the peer is root.
@@ -208,7 +172,7 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 		return
 	}
 	var resp *pb.Response
-	if peer.UID != 0 && peer.UID != s.uid {
+	if p.UID != 0 && p.UID != s.uid {
 		log.Warn("refused request from non-root peer")
 		resp = &pb.Response{Error: "permission denied: only root may talk to the gpufence agent"}
 	} else if req.GetVersion() != pb.ProtocolVersion_PROTOCOL_VERSION_1 {
@@ -216,40 +180,10 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 			req.GetVersion(), pb.ProtocolVersion_PROTOCOL_VERSION_1)}
 	} else {
 		hctx, cancel := context.WithTimeout(ctx, s.timeout)
-		resp = s.h.Handle(hctx, peer, req)
+		resp = s.h.Handle(hctx, p, req)
 		cancel()
 	}
 	if err := conn.Write(resp, time.Now().Add(s.timeout)); err != nil {
 		log.Warn("cannot send answer", "err", err)
 	}
-}
-
-func peerOf(c *net.UnixConn) (Peer, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return Peer{}, err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	pidfd, pidfdErr := -1, error(nil)
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		// The process that connected, as the kernel saw it at connect:
-		// unlike its pid, a pidfd never comes to name another process.
-		pidfd, pidfdErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
-	}); err != nil {
-		return Peer{}, err
-	}
-	if credErr != nil {
-		if pidfdErr == nil {
-			unix.Close(pidfd)
-		}
-		return Peer{}, credErr
-	}
-	p := Peer{PID: int(cred.Pid), UID: cred.Uid, GID: cred.Gid}
-	if pidfdErr == nil && pidfd >= 0 {
-		unix.CloseOnExec(pidfd)
-		p.pidfd, p.pinned = pidfd, true
-	}
-	return p, nil
 }

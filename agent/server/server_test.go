@@ -19,13 +19,14 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/proto/agentclient"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
 
-type echo struct{ peers chan Peer }
+type echo struct{ peers chan peer.Peer }
 
-func (e echo) Handle(_ context.Context, p Peer, r *pb.Request) *pb.Response {
+func (e echo) Handle(_ context.Context, p peer.Peer, r *pb.Request) *pb.Response {
 	e.peers <- p
 	if r.GetJobEpilog().GetJobId() == 13 {
 		return &pb.Response{Error: "unlucky job"}
@@ -33,14 +34,14 @@ func (e echo) Handle(_ context.Context, p Peer, r *pb.Request) *pb.Response {
 	return &pb.Response{Gpus: []uint32{r.GetStepStart().GetJobId()}}
 }
 
-func start(t *testing.T) (string, chan Peer) {
+func start(t *testing.T) (string, chan peer.Peer) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := Listen(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	peers := make(chan Peer, 10)
+	peers := make(chan peer.Peer, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := New(ln, echo{peers}, slog.New(slog.NewTextHandler(io.Discard, nil)), 500*time.Millisecond)
 	done := make(chan error)
@@ -203,12 +204,12 @@ func TestDialHelper(t *testing.T) {
 
 // verifier answers after the test says so, with what Peer.Verify found then.
 type verifier struct {
-	got     chan Peer
+	got     chan peer.Peer
 	proceed chan struct{}
 	result  chan error
 }
 
-func (v verifier) Handle(_ context.Context, p Peer, _ *pb.Request) *pb.Response {
+func (v verifier) Handle(_ context.Context, p peer.Peer, _ *pb.Request) *pb.Response {
 	v.got <- p
 	<-v.proceed
 	v.result <- p.Verify()
@@ -245,7 +246,7 @@ func TestPeerVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := verifier{got: make(chan Peer, 1), proceed: make(chan struct{}), result: make(chan error, 1)}
+	v := verifier{got: make(chan peer.Peer, 1), proceed: make(chan struct{}), result: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv := New(ln, v, slog.New(slog.NewTextHandler(io.Discard, nil)), 5*time.Second)
@@ -290,7 +291,7 @@ type blocker struct {
 	release chan struct{}
 }
 
-func (b blocker) Handle(context.Context, Peer, *pb.Request) *pb.Response {
+func (b blocker) Handle(context.Context, peer.Peer, *pb.Request) *pb.Response {
 	b.in <- struct{}{}
 	<-b.release
 	return &pb.Response{}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,8 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-
-	"github.com/gpufence/gpufence/agent/policy"
 )
 
 // ControllerJob is slurmctld's view of one job on one node, read only from
@@ -385,7 +384,7 @@ func gpusOfGres(gres string) ([]int, error) {
 			// A gpu GRES of count 0 on this node.
 			continue
 		}
-		g, err := policy.ParseGresIDX(list)
+		g, err := gpulist.ParseIDX(list)
 		if err != nil {
 			return nil, fmt.Errorf("GRES %q: %w", item, err)
 		}

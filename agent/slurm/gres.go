@@ -3,10 +3,9 @@ package slurm
 import (
 	"errors"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"sort"
 	"strings"
-
-	"github.com/gpufence/gpufence/agent/policy"
 )
 
 // GPU is one GPU as Slurm numbers it on this node: Index is the global index
@@ -33,8 +32,8 @@ type GPU struct {
 	sortKey string
 }
 
-// maxGPUs is as many GPUs as a GPU list can name (policy.MaxGPUIndex).
-const maxGPUs = policy.MaxGPUIndex + 1
+// maxGPUs is as many GPUs as a GPU list can name (gpulist.MaxIndex).
+const maxGPUs = gpulist.MaxIndex + 1
 
 // maxMIGFiles bounds one MultipleFiles= record: a MIG slice is its parent
 // GPU and the caps files of its GPU and compute instances (three).
@@ -109,7 +108,7 @@ func readGresGPUs(fsys fileSystem, path, node string) ([]GPU, error) {
 			}
 		}
 		if len(gpus) > maxGPUs {
-			return nil, fmt.Errorf("%s: more than %d GPUs for node %s; gpufence names GPUs 0 to %d", src, maxGPUs, node, policy.MaxGPUIndex)
+			return nil, fmt.Errorf("%s: more than %d GPUs for node %s; gpufence names GPUs 0 to %d", src, maxGPUs, node, gpulist.MaxIndex)
 		}
 	}
 	if len(gpus) == 0 {

@@ -19,6 +19,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/gpufence/gpufence/agent/gpulist"
 )
 
 // Pin names under the pin directory. The device filter's pins are
@@ -28,11 +30,7 @@ const (
 	stepsPin = "store_steps"
 )
 
-// MaxGPUIndex is the highest GPU index a record holds (the GPU list
-// grammar's bound).
-const MaxGPUIndex = 1023
-
-const gpuWords = (MaxGPUIndex + 1) / 64
+const gpuWords = (gpulist.MaxIndex + 1) / 64
 
 // Flags of a job record.
 const (
@@ -159,7 +157,7 @@ func Unpin(dir string) error {
 func bitmap(gpus []int) ([gpuWords]uint64, error) {
 	var b [gpuWords]uint64
 	for _, g := range gpus {
-		if g < 0 || g > MaxGPUIndex {
+		if g < 0 || g > gpulist.MaxIndex {
 			return b, fmt.Errorf("GPU index %d out of range", g)
 		}
 		b[g/64] |= 1 << (g % 64)

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The agent's policy.MaxGPUIndex. */
+/* The agent's gpulist.MaxIndex. */
 #define GF_MAX_GPU_INDEX 1023
 
 /* Slurm already numbers the value locally: never touch it. */

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,7 +26,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpufence/gpufence/agent/audit"
-	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/tests/cluster"
 )
 
@@ -326,7 +326,7 @@ func (st *suite) expectGPUs(t *testing.T, rep cluster.OpenReport, want []int) {
 // gpusOf parses a Slurm GPU list variable from the task's environment.
 func gpusOf(t *testing.T, rep cluster.OpenReport, name string) []int {
 	t.Helper()
-	g, err := policy.ParseGPUList(rep.Env[name])
+	g, err := gpulist.Parse(rep.Env[name])
 	if err != nil {
 		t.Fatalf("%s=%q: %v", name, rep.Env[name], err)
 	}
@@ -599,7 +599,7 @@ func (st *suite) externLeaf(t *testing.T) (string, []int) {
 	if _, rest, ok := strings.Cut(d.Stdout, "(IDX:"); ok {
 		list, _, _ := strings.Cut(rest, ")")
 		var err error
-		if gpus, err = policy.ParseGresIDX(list); err != nil {
+		if gpus, err = gpulist.ParseIDX(list); err != nil {
 			t.Fatalf("scontrol GRES index %q: %v", list, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -53,7 +54,7 @@ func (st *suite) allocated(t *testing.T) map[uint32][]int {
 			if m == nil {
 				t.Fatalf("job %d: gres_detail %q", j.JobID, g)
 			}
-			gpus, err := policy.ParseGresIDX(m[2])
+			gpus, err := gpulist.ParseIDX(m[2])
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -253,11 +253,9 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 			cluster = st.ClusterName
 		}
 	}
-	// The kernel already rate-limits access records exactly, so the
-	// pipeline's own limiter is off.
 	rec, err := audit.New(audit.Options{
 		File: cfg.Audit.File, Journald: cfg.Audit.Journald, Syslog: cfg.Audit.Syslog, QueueSize: cfg.Audit.QueueSize,
-		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version, RateBurst: -1,
+		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version,
 	}, log.With("component", "audit"))
 	if err != nil {
 		return fmt.Errorf("audit: %w", err)

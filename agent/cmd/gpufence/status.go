@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"io"
 	"net"
 	"os"
@@ -605,7 +606,7 @@ func gpuList(g []int) string {
 	if len(g) == 0 {
 		return "-"
 	}
-	return policy.FormatGPUList(g)
+	return gpulist.Format(g)
 }
 
 func kernelLabel(k *kernelEntry) string {

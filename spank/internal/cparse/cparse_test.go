@@ -2,16 +2,16 @@ package cparse
 
 import (
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/gpufence/gpufence/agent/policy"
-	"github.com/gpufence/gpufence/agent/policy/policytest"
+	"github.com/gpufence/gpufence/agent/gpulist/gpulisttest"
 )
 
-// gpuListTable is the table Go's policy.ParseGPUList is tested against.
-const gpuListTable = "../../../agent/policy/testdata/gpulist.txt"
+// gpuListTable is the table Go's gpulist.Parse is tested against.
+const gpuListTable = "../../../agent/gpulist/testdata/gpulist.txt"
 
 // allGPUs is 0..MaxGPUIndex: renumbering against it maps each index to
 // itself, so it shows which values the plugin takes for index lists.
@@ -24,15 +24,15 @@ var allGPUs = func() []uint32 {
 }()
 
 func TestMaxGPUIndex(t *testing.T) {
-	if MaxGPUIndex != policy.MaxGPUIndex {
-		t.Fatalf("GF_MAX_GPU_INDEX is %d, policy.MaxGPUIndex %d", MaxGPUIndex, policy.MaxGPUIndex)
+	if MaxGPUIndex != gpulist.MaxIndex {
+		t.Fatalf("GF_MAX_GPU_INDEX is %d, gpulist.MaxIndex %d", MaxGPUIndex, gpulist.MaxIndex)
 	}
 }
 
 // TestGPUListTable holds the C parser and the renumbering's choice of what
 // to renumber to the table Go's parser is tested against.
 func TestGPUListTable(t *testing.T) {
-	cases, err := policytest.GPUListCases(gpuListTable)
+	cases, err := gpulisttest.GPUListCases(gpuListTable)
 	if err != nil {
 		t.Fatal(err)
 	}

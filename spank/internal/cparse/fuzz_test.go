@@ -3,20 +3,20 @@ package cparse
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/gpufence/gpufence/agent/policy"
-	"github.com/gpufence/gpufence/agent/policy/policytest"
+	"github.com/gpufence/gpufence/agent/gpulist/gpulisttest"
 )
 
 // FuzzGPUList: the C plugin and the Go agent accept the same GPU lists and
 // read the same indices from them, and the plugin renumbers exactly the
 // values that are non-empty lists.
 func FuzzGPUList(f *testing.F) {
-	cases, err := policytest.GPUListCases(gpuListTable)
+	cases, err := gpulisttest.GPUListCases(gpuListTable)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func FuzzGPUList(f *testing.F) {
 		if strings.IndexByte(s, 0) >= 0 {
 			return // no C string or environment value holds a NUL
 		}
-		goList, goErr := policy.ParseGPUList(s)
+		goList, goErr := gpulist.Parse(s)
 		cList, cOK := ParseGPUList(s, MaxGPUIndex+1)
 		if cOK != (goErr == nil) {
 			t.Fatalf("%q: C ok=%v %v, Go %v %v", s, cOK, cList, goList, goErr)
@@ -81,7 +81,7 @@ func FuzzRenumber(f *testing.F) {
 }
 
 func renumberModel(value string, gpus []uint32, flags, outlen int) (Result, string) {
-	list, err := policy.ParseGPUList(value)
+	list, err := gpulist.Parse(value)
 	if value == "" || err != nil || flags&SlurmLocal != 0 {
 		return Keep, ""
 	}

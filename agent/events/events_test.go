@@ -1,7 +1,6 @@
-package daemon
+package events
 
 import (
-	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -9,13 +8,16 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gpufence/gpufence/agent/audit"
-	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/devices"
+	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/agent/users"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -91,28 +93,64 @@ func TestCheckExe(t *testing.T) {
 	}
 }
 
+// memRecorder keeps what the stage hands on.
+type memRecorder struct {
+	mu       sync.Mutex
+	recs     []audit.Record
+	lost     uint64
+	rateFull uint64
+}
+
+func (m *memRecorder) Emit(r audit.Record) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recs = append(m.recs, r)
+}
+
+func (m *memRecorder) ReportLoss(n uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lost += n
+}
+
+func (m *memRecorder) ReportRateFull(by map[string]uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, n := range by {
+		m.rateFull += n
+	}
+}
+
+func (m *memRecorder) records(ev audit.Event) []audit.Record {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []audit.Record
+	for _, r := range m.recs {
+		if r.Event == ev {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+type noTable struct{}
+
+func (noTable) Of(uint32, uint32, []int) (devices.GPU, string, bool) { return devices.GPU{}, "", false }
+func (noTable) UUID(int) (string, bool)                              { return "", false }
+
+func newStage(rec *memRecorder) *Events {
+	return New(Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: rec,
+		Owners: registry.New(nil, slog.New(slog.NewTextHandler(io.Discard, nil))), Table: noTable{}, Users: &users.Cache{}})
+}
+
 // TestAccessRecordEscapes: a comm the process set to an ESC sequence is
 // recorded escaped, in comm and in the message, and unescapes to what the
 // kernel reported.
 func TestAccessRecordEscapes(t *testing.T) {
-	dir := t.TempDir()
-	for name, text := range map[string]string{"slurm.conf": "TaskPlugin=task/cgroup\n", "gres.conf": "Name=gpu File=/nonexistent/nvidia[0-1]\n"} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := config.Default()
-	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
-	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
-	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
-	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
-		return nil, errors.New("no filter in this test")
-	}, 195, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newStage(&memRecorder{})
+	defer e.Close()
 	const comm = "\x1b[2J\x1b]0;x\x07\u009b"
-	r := d.accessRecord(devfilter.Event{Major: 195, Minor: 1, Decision: devfilter.DecisionDenied, Comm: comm}, owner{}, false, 0)
+	r := e.accessRecord(devfilter.Event{Major: 195, Minor: 1, Decision: devfilter.DecisionDenied, Comm: comm}, registry.Owner{}, false, 0)
 	if back, err := audit.Unescape(r.Comm); err != nil || back != comm {
 		t.Errorf("record comm %q unescapes to %q, %v; want %q", r.Comm, back, err, comm)
 	}
@@ -126,49 +164,62 @@ func TestAccessRecordEscapes(t *testing.T) {
 	}
 }
 
-// countsFilter is a Filter that only reports the kernel's counters.
+// countsFilter only reports the kernel's counters.
 type countsFilter struct {
-	Filter // nil: any other method panics
-	supp   map[devfilter.RateKey]uint64
-	lost   uint64
-	full   map[devfilter.Decision]uint64
+	supp map[devfilter.RateKey]uint64
+	lost uint64
+	full map[devfilter.Decision]uint64
 }
 
 func (f *countsFilter) Suppressed() (map[devfilter.RateKey]uint64, error) { return f.supp, nil }
 func (f *countsFilter) Lost() (uint64, error)                             { return f.lost, nil }
 func (f *countsFilter) RateFull() (map[devfilter.Decision]uint64, error)  { return f.full, nil }
+func (f *countsFilter) ForgetRate(uint64) error                           { return nil }
 
 // TestFlushReportsRateFull: what the kernel counted over a full rate table
 // reaches the recorder once, as deltas by decision, on the path that never
 // drops (not as a record the full queue could drop).
 func TestFlushReportsRateFull(t *testing.T) {
-	dir := t.TempDir()
-	for name, text := range map[string]string{"slurm.conf": "TaskPlugin=task/cgroup\n", "gres.conf": "Name=gpu File=/nonexistent/nvidia[0-1]\n"} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := config.Default()
-	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
-	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
-	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
 	rec := &memRecorder{}
-	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
-		return nil, errors.New("no filter in this test")
-	}, 195, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newStage(rec)
+	defer e.Close()
 	f := &countsFilter{full: map[devfilter.Decision]uint64{devfilter.DecisionDenied: 100, devfilter.DecisionAllowed: 3}, lost: 2}
-	d.flushAudit(f)
+	e.Flush(f)
 	f.full[devfilter.DecisionDenied] = 150
 	f.full[devfilter.DecisionWouldDeny] = 4
-	d.flushAudit(f)
-	d.flushAudit(f)
+	e.Flush(f)
+	e.Flush(f)
 	if rec.rateFull != 100+3+50+4 || rec.lost != 2 {
 		t.Errorf("recorder got rate_full %d and lost %d, want 157 and 2", rec.rateFull, rec.lost)
 	}
 	if n := len(rec.records(audit.EventAccessSuppressed)); n != 0 {
 		t.Errorf("%d access_suppressed records, want none (no key had a count)", n)
 	}
+}
+
+// An adopted filter's counters were reported by the agent before: they
+// are the baseline, never reported again.
+func TestAdoptedCountersBaseline(t *testing.T) {
+	rec := &memRecorder{}
+	e := newStage(rec)
+	defer e.Close()
+	key := devfilter.RateKey{CgroupID: 7, Major: 195, Minor: 1, Decision: devfilter.DecisionDenied}
+	f := &countsFilter{supp: map[devfilter.RateKey]uint64{key: 40}, lost: 5, full: map[devfilter.Decision]uint64{devfilter.DecisionDenied: 9}}
+	e.Read(closedSource{}, f, true)
+	e.Flush(f)
+	if rec.lost != 0 || rec.rateFull != 0 || len(rec.records(audit.EventAccessSuppressed)) != 0 {
+		t.Fatalf("adopted totals reported again: lost %d, rate_full %d, %d summaries", rec.lost, rec.rateFull, len(rec.records(audit.EventAccessSuppressed)))
+	}
+	f.supp[key], f.lost, f.full[devfilter.DecisionDenied] = 43, 6, 10
+	e.Flush(f)
+	s := rec.records(audit.EventAccessSuppressed)
+	if rec.lost != 1 || rec.rateFull != 1 || len(s) != 1 || s[0].Suppressed != 3 {
+		t.Errorf("after the baseline: lost %d, rate_full %d, summaries %+v; want 1, 1 and one of 3", rec.lost, rec.rateFull, s)
+	}
+}
+
+type closedSource struct{}
+
+func (closedSource) ReadEvent() (devfilter.Event, error) {
+	return devfilter.Event{}, devfilter.ErrClosed
 }

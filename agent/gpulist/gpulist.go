@@ -1,4 +1,4 @@
-package policy
+package gpulist
 
 import (
 	"fmt"
@@ -6,19 +6,19 @@ import (
 	"strings"
 )
 
-// MaxGPUIndex bounds what a GPU list may name; a node has far fewer GPUs.
+// MaxIndex bounds what a GPU list may name; a node has far fewer GPUs.
 // The C plugin's GF_MAX_GPU_INDEX (spank/plugin/renumber.h) is the same.
-const MaxGPUIndex = 1023
+const MaxIndex = 1023
 
 // ParseGPUList parses a GPU index list in the one grammar gpufence accepts
 // (docs/architecture.md, "GPU lists"): exactly what Slurm writes into
 // SLURM_JOB_GPUS and SLURM_STEP_GPUS, decimal indices without sign, blank or
 // leading zero, joined by commas, strictly ascending, each at most
-// MaxGPUIndex ("0,2"). The empty string is the empty list. Ranges, blanks,
+// MaxIndex ("0,2"). The empty string is the empty list. Ranges, blanks,
 // repeats and any other spelling are errors. The C plugin's
 // gf_parse_gpu_list accepts the same language; both are tested against
 // testdata/gpulist.txt.
-func ParseGPUList(s string) ([]int, error) {
+func Parse(s string) ([]int, error) {
 	out := []int{}
 	if s == "" {
 		return out, nil
@@ -53,22 +53,22 @@ func parseIndex(s string) (int, error) {
 		if c < '0' || c > '9' {
 			return 0, fmt.Errorf("is not a decimal GPU index (no signs, blanks or ranges)")
 		}
-		if v <= MaxGPUIndex {
+		if v <= MaxIndex {
 			v = v*10 + int(c-'0')
 		}
 	}
 	switch {
 	case len(s) > 1 && s[0] == '0':
 		return 0, fmt.Errorf("has a leading zero")
-	case v > MaxGPUIndex:
-		return 0, fmt.Errorf("is above %d", MaxGPUIndex)
+	case v > MaxIndex:
+		return 0, fmt.Errorf("is above %d", MaxIndex)
 	}
 	return v, nil
 }
 
 // FormatGPUList renders ascending indices as Slurm does ("0,2"): the
 // inverse of ParseGPUList.
-func FormatGPUList(gpus []int) string {
+func Format(gpus []int) string {
 	parts := make([]string, len(gpus))
 	for i, g := range gpus {
 		parts[i] = strconv.Itoa(g)
@@ -82,7 +82,7 @@ func FormatGPUList(gpus []int) string {
 // indices, ascending, a run of one written as its index ("5") and a longer
 // one as "first-last". This is not the environment's grammar (ParseGPUList):
 // Slurm writes ranges only here. "" is the empty set.
-func ParseGresIDX(s string) ([]int, error) {
+func ParseIDX(s string) ([]int, error) {
 	out := []int{}
 	if s == "" {
 		return out, nil

@@ -1,8 +1,8 @@
-// Package policytest reads the table of GPU list cases
-// (agent/policy/testdata/gpulist.txt) for the tests of both parsers of that
-// grammar: Go's policy.ParseGPUList and the C plugin's (through
+// Package gpulisttest reads the table of GPU list cases
+// (agent/gpulist/testdata/gpulist.txt) for the tests of both parsers of that
+// grammar: Go's gpulist.Parse and the C plugin's (through
 // spank/internal/cparse). Only tests import it.
-package policytest
+package gpulisttest
 
 import (
 	"fmt"
@@ -21,7 +21,7 @@ type GPUListCase struct {
 }
 
 // GPUListCases reads the table at path (relative to a test's package:
-// testdata/gpulist.txt from agent/policy). The expected lists are written
+// testdata/gpulist.txt from agent/gpulist). The expected lists are written
 // out in the table, never derived from the input.
 func GPUListCases(path string) ([]GPUListCase, error) {
 	data, err := os.ReadFile(path)

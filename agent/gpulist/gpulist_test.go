@@ -1,11 +1,11 @@
-package policy
+package gpulist
 
 import (
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/gpufence/gpufence/agent/policy/policytest"
+	"github.com/gpufence/gpufence/agent/gpulist/gpulisttest"
 )
 
 // gpuListTable is the table the C plugin's parser is tested against too
@@ -13,19 +13,19 @@ import (
 const gpuListTable = "testdata/gpulist.txt"
 
 func TestParseGPUListTable(t *testing.T) {
-	cases, err := policytest.GPUListCases(gpuListTable)
+	cases, err := gpulisttest.GPUListCases(gpuListTable)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range cases {
-		got, err := ParseGPUList(c.Input)
+		got, err := Parse(c.Input)
 		switch {
 		case c.OK && err != nil:
-			t.Errorf("gpulist.txt:%d: ParseGPUList(%q): %v, want %v", c.Line, c.Input, err, c.Want)
+			t.Errorf("gpulist.txt:%d: Parse(%q): %v, want %v", c.Line, c.Input, err, c.Want)
 		case c.OK && !slices.Equal(got, c.Want):
-			t.Errorf("gpulist.txt:%d: ParseGPUList(%q) = %v, want %v", c.Line, c.Input, got, c.Want)
+			t.Errorf("gpulist.txt:%d: Parse(%q) = %v, want %v", c.Line, c.Input, got, c.Want)
 		case !c.OK && err == nil:
-			t.Errorf("gpulist.txt:%d: ParseGPUList(%q) = %v, want an error", c.Line, c.Input, got)
+			t.Errorf("gpulist.txt:%d: Parse(%q) = %v, want an error", c.Line, c.Input, got)
 		}
 	}
 }
@@ -44,12 +44,12 @@ func TestParseGPUListErrors(t *testing.T) {
 		{long, `... (5000 bytes)`},
 	}
 	for _, tt := range tests {
-		_, err := ParseGPUList(tt.in)
+		_, err := Parse(tt.in)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("ParseGPUList(%q) error %v, want containing %q", tt.in, err, tt.want)
+			t.Errorf("Parse(%q) error %v, want containing %q", tt.in, err, tt.want)
 		}
 		if err != nil && (strings.ContainsRune(err.Error(), 0x1b) || len(err.Error()) > 300) {
-			t.Errorf("ParseGPUList(%.20q): error %.40q... has a control byte or is %d bytes", tt.in, err, len(err.Error()))
+			t.Errorf("Parse(%.20q): error %.40q... has a control byte or is %d bytes", tt.in, err, len(err.Error()))
 		}
 	}
 }
@@ -85,21 +85,21 @@ func TestParseGresIDX(t *testing.T) {
 		{"0x1", nil},
 	}
 	for _, tt := range tests {
-		got, err := ParseGresIDX(tt.in)
+		got, err := ParseIDX(tt.in)
 		if tt.in == "0-1023" {
 			if err != nil || len(got) != 1024 {
-				t.Errorf("ParseGresIDX(0-1023) = %d indices, %v; want 1024", len(got), err)
+				t.Errorf("ParseIDX(0-1023) = %d indices, %v; want 1024", len(got), err)
 			}
 			continue
 		}
 		if tt.want == nil {
 			if err == nil {
-				t.Errorf("ParseGresIDX(%q) = %v, want an error", tt.in, got)
+				t.Errorf("ParseIDX(%q) = %v, want an error", tt.in, got)
 			}
 			continue
 		}
 		if err != nil || !slices.Equal(got, tt.want) {
-			t.Errorf("ParseGresIDX(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+			t.Errorf("ParseIDX(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
 	}
 }
@@ -114,8 +114,8 @@ func TestFormat(t *testing.T) {
 		{[]int{0, 1}, "0,1", "0-1"},
 		{[]int{0, 1, 2, 5, 7, 8}, "0,1,2,5,7,8", "0-2,5,7-8"},
 	} {
-		if got := FormatGPUList(tt.in); got != tt.list {
-			t.Errorf("FormatGPUList(%v) = %q, want %q", tt.in, got, tt.list)
+		if got := Format(tt.in); got != tt.list {
+			t.Errorf("Format(%v) = %q, want %q", tt.in, got, tt.list)
 		}
 		if got := FormatGresIDX(tt.in); got != tt.idx {
 			t.Errorf("FormatGresIDX(%v) = %q, want %q", tt.in, got, tt.idx)
@@ -128,7 +128,7 @@ func TestFormat(t *testing.T) {
 // that parses back to it; and the result is bounded by the grammar, not by
 // the input's length.
 func FuzzParseGPUList(f *testing.F) {
-	cases, err := policytest.GPUListCases(gpuListTable)
+	cases, err := gpulisttest.GPUListCases(gpuListTable)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -136,24 +136,24 @@ func FuzzParseGPUList(f *testing.F) {
 		f.Add(c.Input)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		got, err := ParseGPUList(s)
+		got, err := Parse(s)
 		if err != nil {
 			if got != nil {
-				t.Fatalf("ParseGPUList(%q) gave %v with error %v", s, got, err)
+				t.Fatalf("Parse(%q) gave %v with error %v", s, got, err)
 			}
 			if len(err.Error()) > 512 {
-				t.Fatalf("ParseGPUList(%.40q...): error of %d bytes", s, len(err.Error()))
+				t.Fatalf("Parse(%.40q...): error of %d bytes", s, len(err.Error()))
 			}
 			return
 		}
-		if len(got) > MaxGPUIndex+1 {
+		if len(got) > MaxIndex+1 {
 			t.Fatalf("ParseGPUList gave %d indices", len(got))
 		}
-		if back := FormatGPUList(got); back != s {
-			t.Fatalf("ParseGPUList(%q) = %v, formats back to %q", s, got, back)
+		if back := Format(got); back != s {
+			t.Fatalf("Parse(%q) = %v, formats back to %q", s, got, back)
 		}
 		checkSet(t, got)
-		if idx, err := ParseGresIDX(FormatGresIDX(got)); err != nil || !slices.Equal(idx, got) {
+		if idx, err := ParseIDX(FormatGresIDX(got)); err != nil || !slices.Equal(idx, got) {
 			t.Fatalf("GRES IDX round trip of %v: %v, %v", got, idx, err)
 		}
 	})
@@ -165,18 +165,18 @@ func FuzzParseGresIDX(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		got, err := ParseGresIDX(s)
+		got, err := ParseIDX(s)
 		if err != nil {
 			if got != nil {
-				t.Fatalf("ParseGresIDX(%q) gave %v with error %v", s, got, err)
+				t.Fatalf("ParseIDX(%q) gave %v with error %v", s, got, err)
 			}
 			return
 		}
 		if back := FormatGresIDX(got); back != s {
-			t.Fatalf("ParseGresIDX(%q) = %v, formats back to %q", s, got, back)
+			t.Fatalf("ParseIDX(%q) = %v, formats back to %q", s, got, back)
 		}
 		checkSet(t, got)
-		if list, err := ParseGPUList(FormatGPUList(got)); err != nil || !slices.Equal(list, got) {
+		if list, err := Parse(Format(got)); err != nil || !slices.Equal(list, got) {
 			t.Fatalf("GPU list round trip of %v: %v, %v", got, list, err)
 		}
 	})
@@ -186,8 +186,8 @@ func FuzzParseGresIDX(f *testing.F) {
 func checkSet(t *testing.T, gpus []int) {
 	t.Helper()
 	for i, g := range gpus {
-		if g < 0 || g > MaxGPUIndex || (i > 0 && g <= gpus[i-1]) {
-			t.Fatalf("%v: not strictly ascending within 0..%d", gpus, MaxGPUIndex)
+		if g < 0 || g > MaxIndex || (i > 0 && g <= gpus[i-1]) {
+			t.Fatalf("%v: not strictly ascending within 0..%d", gpus, MaxIndex)
 		}
 	}
 }

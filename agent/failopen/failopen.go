@@ -1,14 +1,19 @@
-package daemon
+// Package failopen reads the SPANK plugin's fail-open spool: the steps that
+// failure=open let run WITHOUT GPU isolation because no agent answered.
+// Each becomes a step_unfiltered audit record once an agent runs again.
+package failopen
 
 import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"syscall"
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/users"
 )
 
 // failOpenLine is one line the SPANK plugin appends to its fail-open spool
@@ -23,12 +28,28 @@ type failOpenLine struct {
 	Reason string `json:"reason"`
 }
 
-// ingestFailOpen turns the spool's lines into step_unfiltered audit
-// records, so a step that ran unfiltered is in the trail once an agent runs
-// again. The file is renamed first, so the plugin's next append starts a new
-// one and no line is read twice.
-func (d *Daemon) ingestFailOpen() {
-	path := d.cfg.FailOpenSpool
+// Recorder receives the records.
+type Recorder interface {
+	Emit(r audit.Record)
+}
+
+// Spool is the plugin's spool at Path.
+type Spool struct {
+	Path     string
+	Log      *slog.Logger
+	Recorder Recorder
+	Users    *users.Cache
+	// warned: the spool's bad ownership was reported; only one goroutine
+	// (reconcile's) reads the spool.
+	warned bool
+}
+
+// Ingest turns the spool's lines into step_unfiltered audit records, so a
+// step that ran unfiltered is in the trail once an agent runs again. The
+// file is renamed first, so the plugin's next append starts a new one and
+// no line is read twice.
+func (s *Spool) Ingest() {
+	path := s.Path
 	if path == "" {
 		return
 	}
@@ -42,21 +63,21 @@ func (d *Daemon) ingestFailOpen() {
 	// accepted too, for tests run without root.)
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !fi.Mode().IsRegular() || !ok || (st.Uid != 0 && st.Uid != uint32(os.Geteuid())) || fi.Mode().Perm()&0o022 != 0 {
-		if !d.spoolWarned {
-			d.spoolWarned = true
+		if !s.warned {
+			s.warned = true
 			owner := -1
 			if ok {
 				owner = int(st.Uid)
 			}
-			d.log.Error("fail-open spool not read: it must be a regular file owned by root and writable only by it; steps it may list are not in the audit trail",
+			s.Log.Error("fail-open spool not read: it must be a regular file owned by root and writable only by it; steps it may list are not in the audit trail",
 				"file", path, "mode", fi.Mode().String(), "owner_uid", owner)
 		}
 		return
 	}
-	d.spoolWarned = false
+	s.warned = false
 	taken := fmt.Sprintf("%s.%d.ingest", path, time.Now().UnixNano())
 	if err := os.Rename(path, taken); err != nil {
-		d.log.Error("take the fail-open spool", "file", path, "err", err)
+		s.Log.Error("take the fail-open spool", "file", path, "err", err)
 		return
 	}
 	// An append that opened the file just before the rename lands in the
@@ -64,7 +85,7 @@ func (d *Daemon) ingestFailOpen() {
 	time.Sleep(100 * time.Millisecond)
 	f, err := os.OpenFile(taken, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		d.log.Error("read the fail-open spool", "file", taken, "err", err)
+		s.Log.Error("read the fail-open spool", "file", taken, "err", err)
 		return
 	}
 	defer f.Close()
@@ -73,24 +94,30 @@ func (d *Daemon) ingestFailOpen() {
 	for sc.Scan() {
 		var l failOpenLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil || l.JobID == 0 {
-			d.log.Error("bad line in the fail-open spool; the file is kept", "file", taken, "line", sc.Text())
+			s.Log.Error("bad line in the fail-open spool; the file is kept", "file", taken, "line", sc.Text())
 			bad++
 			continue
 		}
 		n++
-		d.lifecycle(audit.EventStepUnfiltered, audit.SeverityError,
+		s.emit(audit.EventStepUnfiltered, audit.SeverityError,
 			fmt.Sprintf("job %d step %s ran WITHOUT GPU isolation at %s on %s: failure=open and the agent was unreachable (%s)", l.JobID, l.StepID, l.Time, l.Node, l.Reason),
 			func(r *audit.Record) {
-				r.JobID, r.StepID, r.UID, r.User, r.Reason = l.JobID, l.StepID, audit.UID(l.UID), d.users.get(l.UID), l.Reason
+				r.JobID, r.StepID, r.UID, r.User, r.Reason = l.JobID, l.StepID, audit.UID(l.UID), s.Users.Name(l.UID), l.Reason
 			})
 	}
 	if err := sc.Err(); err != nil {
-		d.log.Error("read the fail-open spool", "file", taken, "err", err)
+		s.Log.Error("read the fail-open spool", "file", taken, "err", err)
 		return
 	}
-	d.log.Warn("steps that ran without GPU isolation were recorded", "count", n, "spool", path)
+	s.Log.Warn("steps that ran without GPU isolation were recorded", "count", n, "spool", path)
 	if bad == 0 {
 		f.Close()
 		os.Remove(taken)
 	}
+}
+
+func (s *Spool) emit(ev audit.Event, sev audit.Severity, msg string, fill func(*audit.Record)) {
+	r := audit.Record{Event: ev, Severity: sev, Message: msg}
+	fill(&r)
+	s.Recorder.Emit(r)
 }
