@@ -153,6 +153,13 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
 
 	d.restore()
+	if d.store != nil {
+		// Only a store filled to the end counts as one at the next start.
+		if err := d.store.Commit(); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	if scope := d.enf.FindScope(); scope != "" {
 		if err := d.enf.Ensure(scope); err != nil {
 			d.Close()
@@ -196,7 +203,9 @@ func (d *Daemon) watchStep(cg devfilter.Cgroup) {
 
 // restore takes back what an earlier agent recorded: the pinned store,
 // which survives any crash; where it is new (first start, or an agent that
-// kept only a state file), the state file, copied into the store.
+// kept only a state file), the state file, copied into the store (which
+// New then commits: a crash before that leaves no store, and the next
+// start copies the file again).
 func (d *Daemon) restore() {
 	var jobs []registry.Job
 	var steps []registry.Step
