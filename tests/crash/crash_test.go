@@ -16,11 +16,13 @@
 package crash
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -32,6 +34,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	"github.com/gpufence/gpufence/proto/agentclient"
@@ -55,7 +58,7 @@ func TestMain(m *testing.M) {
 const workers = 8
 
 // TestPrivilegedCrashScope: the filter on Slurm's scope (Linux ≥ 6.1).
-func TestPrivilegedCrashScope(t *testing.T) { crashLoop(t, "scope", 60, 15) }
+func TestPrivilegedCrashScope(t *testing.T) { crashLoop(t, "scope", 40, 15) }
 
 // TestPrivilegedCrashPerCgroup: the fallback, a filter on each step's
 // cgroup (Linux 5.x).
@@ -85,6 +88,8 @@ func crashLoop(t *testing.T, mode string, iters, short int) {
 type damage struct {
 	name string
 	do   func(path string) error
+	// unfixable: the agent cannot write the state file again.
+	unfixable bool
 }
 
 // TestPrivilegedCrashStateFileDamaged: the agent is killed during a burst
@@ -99,23 +104,23 @@ func TestPrivilegedCrashStateFileDamaged(t *testing.T) {
 	r := newRun(t, "scope")
 	var forge func(string) error
 	damages := []damage{
-		{"cut in half", func(p string) error {
+		{name: "cut in half", do: func(p string) error {
 			b, err := os.ReadFile(p)
 			if err != nil {
 				return err
 			}
 			return os.WriteFile(p, b[:len(b)/2], 0o600)
 		}},
-		{"empty", func(p string) error { return os.WriteFile(p, nil, 0o600) }},
-		{"garbage", func(p string) error { return os.WriteFile(p, garbage(r.rng, 4096), 0o600) }},
-		{"forged: every job and step with every GPU", func(p string) error { return forge(p) }},
-		{"a directory in its place", func(p string) error {
+		{name: "empty", do: func(p string) error { return os.WriteFile(p, nil, 0o600) }},
+		{name: "garbage", do: func(p string) error { return os.WriteFile(p, garbage(r.rng, 4096), 0o600) }},
+		{name: "forged: every job and step with every GPU", do: func(p string) error { return forge(p) }},
+		{name: "a directory in its place", unfixable: true, do: func(p string) error {
 			if err := os.RemoveAll(p); err != nil {
 				return err
 			}
 			return os.Mkdir(p, 0o700)
 		}},
-		{"removed", os.RemoveAll},
+		{name: "removed", do: os.RemoveAll},
 	}
 	forge = func(p string) error {
 		f := statefile.File{Scope: r.n.scope}
@@ -183,6 +188,7 @@ func TestPrivilegedCrashUpgradeFromStateFile(t *testing.T) {
 				t.Fatalf("remove the pinned store: %v", err)
 			}
 		}
+		r.fileRestoreOK = true
 		for range 3 {
 			r.n.start()
 			time.Sleep(time.Duration(r.rng.Int64N(int64(est) + 1)))
@@ -225,11 +231,20 @@ type run struct {
 	m    *model
 	rng  *rand.Rand
 	seed uint64
-	// intruder is a task cgroup of a job no request ever named.
-	intruder string
+	// intruder is a task cgroup of a job no request ever named; the agent
+	// adopts its step (intruderStep, a cgroup id) with no GPU.
+	intruder     string
+	intruderStep uint64
 	// checkStateFile: the state file must parse after every crash (off
 	// where the test damages it).
 	checkStateFile bool
+	// statusUnfixable: the damage done to the state file is one the
+	// agent cannot repair (a directory in its place), so gpufence status
+	// rightly reports it.
+	statusUnfixable bool
+	// fileRestoreOK: a restart may restore from the state file (the
+	// upgrade test, whose pinned store is removed before each round).
+	fileRestoreOK bool
 	// burstEst is how long a burst takes when no kill cuts it short.
 	burstEst time.Duration
 	begin    time.Time
@@ -251,6 +266,7 @@ type stats struct {
 	verified, probes, entries                int
 	ackedEnforced, ackedDenied               int
 	stateTemps                               int
+	statusRuns                               int
 	startTotal                               time.Duration
 }
 
@@ -265,6 +281,11 @@ func newRun(t *testing.T, mode string) *run {
 	r.pool = startPool(t, n, workers)
 	r.intruder = filepath.Join(n.scope, "job_999999", "step_0", "user", "task_0")
 	mustMkdir(t, r.intruder)
+	id, err := jobcgroup.ID(filepath.Dir(filepath.Dir(r.intruder)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.intruderStep = id
 	start := time.Now()
 	n.start()
 	n.ready(start)
@@ -303,6 +324,7 @@ func (r *run) iteration(iter int, d *damage) {
 	if d != nil {
 		what += " (state file " + d.name + ")"
 	}
+	r.statusUnfixable = d != nil && d.unfixable
 	r.compare(what)
 	r.retry(what)
 	r.pool.park(r.t, r.n.idle)
@@ -574,7 +596,11 @@ func (r *run) compare(what string) {
 	}
 	if recorded {
 		b, _ := os.ReadFile(r.n.agent.log)
-		if !strings.Contains(string(b), `msg="restored jobs"`) || !strings.Contains(string(b), `from="the pinned store`) {
+		fromStore := strings.Contains(string(b), `from="the pinned store`)
+		// Upgrade rounds: where every start before this one was killed
+		// before its store was complete, this start reads the file again.
+		fromFile := r.fileRestoreOK && strings.Contains(string(b), `from="the state file`)
+		if !strings.Contains(string(b), `msg="restored jobs"`) || !(fromStore || fromFile) {
 			r.t.Errorf("%s: the agent did not restore its jobs from the pinned store:\n%s", what, r.n.logTail(30))
 		}
 	}
@@ -582,6 +608,85 @@ func (r *run) compare(what string) {
 	r.checkStore(what)
 	r.verifyJobs(what)
 	r.probeAll(what)
+	r.checkStatus(what)
+}
+
+// statusReport is the part of `gpufence status --json` the test reads.
+type statusReport struct {
+	OK       bool     `json:"ok"`
+	Problems []string `json:"problems"`
+	Jobs     []struct {
+		ID     uint32 `json:"id"`
+		GPUs   []int  `json:"gpus"`
+		Broken string `json:"broken"`
+		Steps  []struct {
+			Name string `json:"name"`
+			GPUs []int  `json:"gpus"`
+		} `json:"steps"`
+	} `json:"jobs"`
+}
+
+// checkStatus runs `gpufence status` (state file, pins and cgroups read
+// and cross-checked from outside the agent). The state file is written
+// off the request path (at most every 200ms), so status is asked until it
+// finds nothing off, for at most 3s; then every job it shows whose prolog
+// was answered has exactly its prolog list (or is marked unusable), and
+// no job or step shows a GPU outside its job's list.
+func (r *run) checkStatus(what string) {
+	r.t.Helper()
+	var rep statusReport
+	var out []byte
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		cmd := exec.Command(r.n.bin, "status", "--json", "--config", r.n.cfg)
+		var err error
+		out, err = cmd.Output()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			r.t.Fatalf("%s: gpufence status: %v", what, err)
+		}
+		rep = statusReport{}
+		if err := json.Unmarshal(out, &rep); err != nil {
+			r.t.Fatalf("%s: gpufence status --json: %v\n%s", what, err, out)
+		}
+		r.count(func(s *stats) { s.statusRuns++ })
+		if rep.OK || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !rep.OK && !r.statusUnfixable {
+		r.t.Errorf("%s: gpufence status still finds problems after 3s: %s", what, strings.Join(rep.Problems, "; "))
+		for id, s := range r.m.byCgroup {
+			if strings.Contains(strings.Join(rep.Problems, " "), fmt.Sprint(id)) {
+				r.t.Logf("%s: cgroup %d named there is step %s (%s)", what, id, s.name(), s.outcome())
+			}
+		}
+	}
+	for _, sj := range rep.Jobs {
+		j := r.m.byID(sj.ID)
+		var ceiling []int // a job whose prolog was never sent: no GPU
+		if j != nil && j.prolog != notSent {
+			// A prolog cut off by the kill may have been recorded.
+			ceiling = j.gpus
+		}
+		if j != nil && j.prolog == answered && !j.gone {
+			switch {
+			case j.broken && sj.Broken == "":
+				r.t.Errorf("%s: gpufence status shows job %d with GPUs %v and not unusable; its prolog list %s was unusable", what, sj.ID, sj.GPUs, show(j.arg))
+			case !j.broken && !slices.Equal(sj.GPUs, j.gpus):
+				r.t.Errorf("%s: gpufence status shows job %d with GPUs %v; its prolog list %s is [%s]", what, sj.ID, sj.GPUs, show(j.arg), list(j.gpus))
+			}
+		}
+		if !subset(sj.GPUs, ceiling) {
+			r.t.Errorf("%s: gpufence status shows job %d with GPUs %v, more than its prolog gave ([%s])", what, sj.ID, sj.GPUs, list(ceiling))
+		}
+		for _, ss := range sj.Steps {
+			if !subset(ss.GPUs, ceiling) {
+				r.t.Errorf("%s: gpufence status shows step %d.%s with GPUs %v, more than its job's prolog gave ([%s])", what, sj.ID, ss.Name, ss.GPUs, list(ceiling))
+			}
+		}
+	}
 }
 
 // checkKernel reads every kernel entry the filter has pinned: each belongs
@@ -605,6 +710,13 @@ func (r *run) checkKernel(what string) {
 			}
 			continue
 		}
+		if id == r.intruderStep {
+			// Adopted at start with adopt_unconfirmed: deny.
+			if e.Policy.AllowAll || e.Policy.AuditOnly || len(e.Policy.GPUMinors) > 0 || len(e.Policy.CapsMinors) > 0 {
+				r.t.Errorf("%s: the step of a job no request named has a kernel entry that allows GPUs: %+v", what, e.Policy)
+			}
+			continue
+		}
 		s := r.m.byCgroup[id]
 		if s == nil {
 			r.t.Errorf("%s: kernel entry for cgroup %d, which is no live step (an ended job's entry left behind?): %+v", what, id, e.Policy)
@@ -613,9 +725,9 @@ func (r *run) checkKernel(what string) {
 		gpus := u32s(e.Policy.GPUMinors) // GPU i is minor i here
 		got[s] = gpus
 		switch {
-		case e.Policy.AllowAll || len(e.Policy.CapsMinors) > 0 || !subset(gpus, s.job.gpus):
-			r.t.Errorf("%s: step %s's kernel entry allows GPUs [%s] (allow all: %v, caps %v), outside job %d's prolog list %s",
-				what, s.name(), list(gpus), e.Policy.AllowAll, e.Policy.CapsMinors, s.job.id, show(s.job.arg))
+		case e.Policy.AllowAll || e.Policy.AuditOnly || len(e.Policy.CapsMinors) > 0 || !subset(gpus, s.job.gpus):
+			r.t.Errorf("%s: step %s's kernel entry allows GPUs [%s] (allow all: %v, audit only: %v, caps %v), outside job %d's prolog list %s",
+				what, s.name(), list(gpus), e.Policy.AllowAll, e.Policy.AuditOnly, e.Policy.CapsMinors, s.job.id, show(s.job.arg))
 		case len(gpus) > 0 && !slices.Equal(gpus, s.want):
 			r.t.Errorf("%s: step %s's kernel entry allows GPUs [%s]; the step gets [%s] or nothing", what, s.name(), list(gpus), list(s.want))
 		}
@@ -632,7 +744,6 @@ func (r *run) checkKernel(what string) {
 			case len(g) == len(s.want):
 				r.count(func(st *stats) { st.ackedEnforced++ })
 			default:
-				r.t.Logf("DEBUG %s: acked step %s want %v got %v (entry %v) cg %d", what, s.name(), s.want, g, ok, s.cgID)
 				r.count(func(st *stats) { st.ackedDenied++ })
 			}
 		}
@@ -865,9 +976,18 @@ func (r *run) storeLost(iter int) {
 	if err := os.WriteFile(r.n.stateFile, garbage(r.rng, 512), 0o600); err != nil {
 		r.t.Fatal(err)
 	}
+	first := r.n.starts + 1
 	r.restart()
 	what := "store and state file lost"
-	if b, _ := os.ReadFile(r.n.agent.log); !strings.Contains(string(b), "saved agent state unreadable") {
+	// A start after the loss reads the file and says so: the last one, or
+	// one killed before it (after its store was complete, the next start
+	// has a store to read).
+	said := false
+	for i := first; i <= r.n.starts && !said; i++ {
+		b, _ := os.ReadFile(r.n.logPath(i))
+		said = strings.Contains(string(b), "saved agent state unreadable")
+	}
+	if !said {
 		r.t.Errorf("%s: the agent does not say its state file is unreadable:\n%s", what, r.n.logTail(30))
 	}
 	r.checkKernel(what)
@@ -933,6 +1053,6 @@ func (r *run) finish() {
 		st.restarts, (st.startTotal / time.Duration(max(st.restarts, 1))).Round(time.Millisecond))
 	r.t.Logf("answered: %d prologs, %d steps accepted, %d refused by the rules, %d epilogs; cut off by a kill: %d prologs, %d steps, %d epilogs (%d requests sent again after the restart)",
 		st.prologsAcked, st.stepsAcked, st.stepsRefused, st.epilogsAcked, st.prologsUnreached, st.stepsUnreached, st.epilogsUnreached, st.retried)
-	r.t.Logf("compared: %d job records asked back, %d kernel entries read, %d probes (each opens %d GPUs); answered steps after a restart: %d enforced with their GPUs, %d denied; state file temporaries left by kills: %d (now %d); took %v",
-		st.verified, st.entries, st.probes, nGPUs, st.ackedEnforced, st.ackedDenied, st.stateTemps, len(temps), time.Since(r.begin).Round(time.Millisecond))
+	r.t.Logf("compared: %d job records asked back, %d kernel entries read, %d probes (each opens %d GPUs), %d gpufence status runs; answered steps after a restart: %d enforced with their GPUs, %d denied; state file temporaries left by kills: %d (now %d); took %v",
+		st.verified, st.entries, st.probes, nGPUs, st.statusRuns, st.ackedEnforced, st.ackedDenied, st.stateTemps, len(temps), time.Since(r.begin).Round(time.Millisecond))
 }

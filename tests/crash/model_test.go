@@ -68,6 +68,19 @@ type mstep struct {
 
 func (s *mstep) name() string { return fmt.Sprintf("%d.%s", s.job.id, policy.StepName(s.id)) }
 
+// outcome says how far the step's last request got.
+func (s *mstep) outcome() string {
+	switch {
+	case s.st == notSent:
+		return "not sent"
+	case s.st == unreached:
+		return "sent, cut off by the kill"
+	case s.refused != "":
+		return "refused: " + s.refused
+	}
+	return "accepted"
+}
+
 // acked is a step the agent accepted and answered.
 func (s *mstep) acked() bool { return s.st == answered && s.refused == "" }
 
@@ -235,6 +248,19 @@ func (m *model) remove(j *mjob) {
 	delete(m.jobs, j.id)
 	j.gone = true
 	m.ended = append(m.ended, j)
+}
+
+// byID finds a job of the test, live or ended.
+func (m *model) byID(id uint32) *mjob {
+	if j := m.jobs[id]; j != nil {
+		return j
+	}
+	for _, j := range m.ended {
+		if j.id == id {
+			return j
+		}
+	}
+	return nil
 }
 
 // live returns the live jobs by id.

@@ -139,6 +139,9 @@ pin_dir: %s
 state_file: %s
 # No slurmctld here: a lost prolog record stays lost, and the test sees it.
 recover_from_slurmctld: false
+# A job found running with no record is adopted with no GPU: a lost
+# record fails closed, and the test sees it as a refused step.
+adopt_unconfirmed: deny
 failopen_spool: ""
 nvml: "off"
 metrics:
@@ -211,7 +214,7 @@ func (n *node) removeTree(dir string) error {
 func (n *node) start() {
 	n.t.Helper()
 	n.starts++
-	log := filepath.Join(n.dir, "logs", fmt.Sprintf("agent-%d.log", n.starts))
+	log := n.logPath(n.starts)
 	f, err := os.Create(log)
 	if err != nil {
 		n.t.Fatal(err)
@@ -247,6 +250,11 @@ func (n *node) ready(started time.Time) {
 			n.t.Fatalf("the agent is not ready after 20s (start %d):\n%s", n.starts, n.logTail(40))
 		}
 	}
+}
+
+// logPath is the log of the agent's start number i (from 1).
+func (n *node) logPath(i int) string {
+	return filepath.Join(n.dir, "logs", fmt.Sprintf("agent-%d.log", i))
 }
 
 // isReady reports whether the running (or killed) agent had said ready.
