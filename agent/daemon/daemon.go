@@ -175,6 +175,13 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		Recorder: rec, Users: d.users, Unconfirmed: cfg.AdoptUnconfirmed}
 
 	d.restore()
+	if d.store != nil {
+		// Only a store filled to the end counts as one at the next start.
+		if err := d.store.Commit(); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	if scope := d.enf.FindScope(); scope != "" {
 		// Jobs already running with no record (gpufence put on a busy
 		// node): slurmctld is asked now, and their entries are written
@@ -229,7 +236,9 @@ func (d *Daemon) watchStep(cg devfilter.Cgroup) {
 
 // restore takes back what an earlier agent recorded: the pinned store,
 // which survives any crash; where it is new (first start, or an agent that
-// kept only a state file), the state file, copied into the store.
+// kept only a state file), the state file, copied into the store (which
+// New then commits: a crash before that leaves no store, and the next
+// start copies the file again).
 func (d *Daemon) restore() {
 	var jobs []registry.Job
 	var steps []registry.Step
