@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package audit turns access decisions and agent lifecycle events into
 // numbered audit records and hands them to sinks (JSON Lines file, journald,
 // syslog) without ever blocking the caller.

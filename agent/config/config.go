@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package config holds the agent's settings: documented defaults, then the
 // file (/etc/gpufence/agent.yaml), then command-line flags. Every field is
 // validated at start and an error names the field and the file.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package daemon puts the gpufence node agent together from its stages
 // (docs/architecture.md, "The agent's stages"): requests (agent/handler)
 // decide with agent/policy, write the kernel's map (agent/enforcer) and

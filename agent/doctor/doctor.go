@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package doctor checks that a node is ready for gpufence: cgroup v2, the
 // kernel features of the device filter, bpffs, Slurm's version against the
 // installed SPANK plugin, the plugstack line, Slurm's cgroup settings,

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gputable is the node's GPU table: Slurm's GPU indices (gres.conf),
 // the device files and minors each one opens, and what the NVIDIA driver
 // says of them. It is built once at start and read by every stage: the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package handler answers the SPANK plugin's requests, each in one pass:
 // the request → the policy decision (agent/policy) → the kernel map update
 // (agent/enforcer) → the record (agent/registry) → the reply. It holds no

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package recovery asks slurmctld what the agent's own records cannot say:
 // the GPUs of a job whose prolog record is missing (agent down at job
 // start, state lost), and whether a job whose epilog never came has ended.

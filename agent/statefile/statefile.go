@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package statefile is the agent's saved state: which job, step and user
 // each kernel entry belongs to, kept across agent restarts. The agent
 // writes it; `gpufence status` reads it.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package store keeps the agent's records of jobs and steps in BPF hash
 // maps pinned in bpffs, beside the device filter's own pins. A record there
 // outlives the agent (a crash, kill -9, an upgrade) exactly as the kernel's

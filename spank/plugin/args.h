@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The plugin's arguments on its plugstack.conf line. */
 #ifndef GPUFENCE_ARGS_H
 #define GPUFENCE_ARGS_H

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package crash kills the real gpufence agent with kill -9 at random
 // instants while many clients register jobs and steps over its real
 // socket, restarts it, and compares what the kernel enforces and what the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gpufence is the gpufence node agent and its command-line tools.
 package main
 
