@@ -41,6 +41,14 @@ type Config struct {
 	// <prefix>/etc/slurm.conf and scontrol is there (ParallelCluster's
 	// /opt/slurm), else PATH.
 	SlurmBinDir string `yaml:"slurm_bin_dir"`
+	// SlurmdGPUTable is auto (the GPU table is slurmd's own, from
+	// `slurmd -G` with slurm_conf and node_name, cross-checked with
+	// gres.conf; when it fails, gres.conf's alone unless gres.conf uses
+	// AutoDetect), required (refuse to start when slurmd -G fails) or off
+	// (gres.conf only). slurmd is found next to slurm_bin_dir (../sbin, or
+	// the folder itself), else as <prefix>/sbin/slurmd when slurm_conf is
+	// <prefix>/etc/slurm.conf, else in /usr/sbin or /usr/local/sbin.
+	SlurmdGPUTable string `yaml:"slurmd_gpu_table"`
 	// NodeName is this node's name in gres.conf (slurmd's -N); default the
 	// short host name.
 	NodeName string `yaml:"node_name"`
@@ -166,6 +174,13 @@ func checkListen(addr string) error {
 	return nil
 }
 
+// slurmd_gpu_table settings.
+const (
+	SlurmdGPUTableAuto     = "auto"
+	SlurmdGPUTableRequired = "required"
+	SlurmdGPUTableOff      = "off"
+)
+
 // NVML settings.
 const (
 	NVMLAuto     = "auto"
@@ -220,6 +235,7 @@ func Default() Config {
 		RecoverFromSlurmctld: true,
 		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
 		NVML:                 NVMLAuto,
+		SlurmdGPUTable:       SlurmdGPUTableAuto,
 		Metrics: Metrics{
 			Listen:         DefaultMetricsListen,
 			SampleInterval: Duration{15 * time.Second},
@@ -341,6 +357,11 @@ func (c Config) Validate(source string) error {
 	}
 	if c.FailOpenSpool != "" && !filepath.IsAbs(c.FailOpenSpool) {
 		bad("failopen_spool", "%q must be an absolute path (or empty)", c.FailOpenSpool)
+	}
+	switch c.SlurmdGPUTable {
+	case SlurmdGPUTableAuto, SlurmdGPUTableRequired, SlurmdGPUTableOff:
+	default:
+		bad("slurmd_gpu_table", "%q is not one of auto, required, off", c.SlurmdGPUTable)
 	}
 	switch c.NVML {
 	case NVMLAuto, NVMLRequired, NVMLOff:

@@ -166,6 +166,9 @@ func (tr *tree) expect(dir string, allowed ...int) {
 func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
 	cfg := config.Default()
 	cfg.SlurmConf = filepath.Join(tr.gres, "slurm.conf")
+	// The tree's slurm.conf is no node's: gres.conf alone (slurmd_test.go
+	// tests slurmd -G).
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff
 	cfg.Scope = tr.scope
 	cfg.PinDir = ""
 	cfg.StateFile = filepath.Join(tr.t.TempDir(), "state.json")
