@@ -49,7 +49,28 @@ const (
 	// program was re-attached to the live scope before any step was
 	// answered. reason says which ids differed.
 	EventFilterReattached Event = "filter_reattached"
+	// EventJobAdopted: at start, a job was running with no record (first
+	// install on a busy node, records lost); the agent asked slurmctld and
+	// took it over: confirmed (its GPUs), unconfirmed (adopt_unconfirmed's
+	// audit-only or deny, policy_mode says which), or refused (no GPU).
+	// Also when an unconfirmed job is confirmed later.
+	EventJobAdopted Event = "job_adopted"
 )
+
+// Events are every kind the agent writes, in the schema's order.
+var Events = []Event{EventGPUAccess, EventAccessSuppressed, EventAgentStart, EventAgentStop, EventPolicyApplied,
+	EventPolicyReleased, EventFilterAttachFailed, EventLookupFailed, EventConfigReload, EventJobWithoutProlog,
+	EventAuditLoss, EventStaleEntryRemoved, EventStepUnfiltered, EventGPUIdle, EventGPUTableMismatch,
+	EventFilterReattached, EventJobAdopted}
+
+func knownEvent(e Event) bool {
+	for _, k := range Events {
+		if k == e {
+			return true
+		}
+	}
+	return false
+}
 
 // Severity is the record's importance; it maps to syslog and journald priorities.
 type Severity string

@@ -99,6 +99,12 @@ type Config struct {
 	// giving its steps no GPU. Only output no job user can steer is read:
 	// JSON where the release prints it, else strictly structured text.
 	RecoverFromSlurmctld bool `yaml:"recover_from_slurmctld"`
+	// AdoptUnconfirmed is how a job found running with no record at start
+	// is handled when slurmctld cannot be asked about it: audit-only (its
+	// steps open any GPU, each open outside nothing is audited) or deny
+	// (no GPU), until slurmctld confirms it or it ends. A job slurmctld
+	// confirms keeps its GPUs; one it refuses gets none, whatever this says.
+	AdoptUnconfirmed string `yaml:"adopt_unconfirmed"`
 	// FailOpenSpool is where the SPANK plugin (failure=open, spool=) records
 	// steps it let run without isolation; the agent audits and removes them.
 	FailOpenSpool string `yaml:"failopen_spool"`
@@ -188,6 +194,12 @@ const (
 	NVMLOff      = "off"
 )
 
+// AdoptUnconfirmed values.
+const (
+	AdoptAuditOnly = "audit-only"
+	AdoptDeny      = "deny"
+)
+
 // Enforcement values.
 const (
 	EnforcementEnforce   = "enforce"
@@ -233,6 +245,7 @@ func Default() Config {
 		PinDir:               "/sys/fs/bpf/gpufence",
 		StateFile:            "/var/lib/gpufence/state.json",
 		RecoverFromSlurmctld: true,
+		AdoptUnconfirmed:     AdoptAuditOnly,
 		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
 		NVML:                 NVMLAuto,
 		SlurmdGPUTable:       SlurmdGPUTableAuto,
@@ -351,6 +364,11 @@ func (c Config) Validate(source string) error {
 	case EnforcementEnforce, EnforcementAuditOnly:
 	default:
 		bad("enforcement", "%q is not one of enforce, audit-only", c.Enforcement)
+	}
+	switch c.AdoptUnconfirmed {
+	case AdoptAuditOnly, AdoptDeny:
+	default:
+		bad("adopt_unconfirmed", "%q is not one of audit-only, deny", c.AdoptUnconfirmed)
 	}
 	if c.PinDir != "" && !filepath.IsAbs(c.PinDir) {
 		bad("pin_dir", "%q must be an absolute path on bpffs (or empty)", c.PinDir)

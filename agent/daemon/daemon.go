@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/adopt"
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/cgwatch"
 	"github.com/gpufence/gpufence/agent/config"
@@ -55,11 +56,19 @@ type Recorder = events.Recorder
 // NewKernelFilter is the FilterFactory for the real kernel filter; opts
 // holds everything but the scope.
 func NewKernelFilter(opts devfilter.Options) FilterFactory {
-	return func(scope string) (Filter, error) {
+	return func(scope string, prepare func(Filter) error) (Filter, error) {
 		o := opts
 		o.ScopeDir = scope
+		if prepare != nil {
+			o.BeforeAttach = func(f *devfilter.Filter) error { return prepare(f) }
+		}
 		return devfilter.New(o)
 	}
+}
+
+// jobSource is slurmctld as the agent asks it; tests replace it.
+var jobSource = func(cfg config.Config) recovery.JobSource {
+	return &slurm.Controller{SlurmConf: cfg.SlurmConf, Node: cfg.NodeName, BinDir: cfg.SlurmBinDir}
 }
 
 type nopRecorder struct{}
@@ -85,6 +94,12 @@ type Daemon struct {
 	recovery *recovery.Recovery
 	watch    *cgwatch.Watcher
 	users    *users.Cache
+	adopter  *adopt.Adopter
+
+	// adoptions are the running jobs found with no record at start, with
+	// slurmctld's answers, until the filter's attach writes them.
+	adoptMu   sync.Mutex
+	adoptions []adopt.Job
 
 	auditOnly atomic.Bool
 
@@ -145,11 +160,11 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			}
 			d.ev.Read(f, f, adopted)
 		},
-		OnRelease: d.ev.Release,
+		OnRelease:     d.ev.Release,
+		BeforeEnforce: d.beforeEnforce,
 	})
 	if cfg.RecoverFromSlurmctld {
-		d.recovery = &recovery.Recovery{Source: &slurm.Controller{SlurmConf: cfg.SlurmConf, Node: cfg.NodeName, BinDir: cfg.SlurmBinDir},
-			Table: d.table, Node: cfg.NodeName}
+		d.recovery = &recovery.Recovery{Source: jobSource(cfg), Table: d.table, Node: cfg.NodeName}
 	}
 	if d.watch, err = cgwatch.New(); err != nil {
 		d.log.Warn("step ends are found by the periodic reconcile only", "err", err)
@@ -160,6 +175,13 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery, Watcher: d.watch,
 		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
 
+	var asker adopt.Asker
+	if d.recovery != nil {
+		asker = d.recovery
+	}
+	d.adopter = &adopt.Adopter{Log: d.log.With("component", "adopt"), Registry: d.reg, Asker: asker, Table: d.table,
+		Recorder: rec, Users: d.users, Unconfirmed: cfg.AdoptUnconfirmed}
+
 	d.restore()
 	if cfg.StateFile != "" {
 		// Now, not at the first job: gpufence status shows the table's source.
@@ -168,6 +190,17 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		}
 	}
 	if scope := d.enf.FindScope(); scope != "" {
+		// Jobs already running with no record (gpufence put on a busy
+		// node): slurmctld is asked now, and their entries are written
+		// before the filter's program first runs (beforeEnforce).
+		t0 := time.Now()
+		plan := d.adopter.Plan(scope)
+		if len(plan) > 0 {
+			d.log.Info("running jobs found with no record; slurmctld asked", "jobs", len(plan), "took", time.Since(t0))
+		}
+		d.adoptMu.Lock()
+		d.adoptions = plan
+		d.adoptMu.Unlock()
 		if err := d.enf.Ensure(scope); err != nil {
 			d.Close()
 			return nil, err
@@ -301,11 +334,18 @@ func (d *Daemon) restore() {
 			if j.Flags&store.FlagRecovered != 0 {
 				rj.Recovered = "slurmctld, before the agent restarted"
 			}
+			switch {
+			case j.Flags&store.FlagUnconfirmedAuditOnly != 0:
+				rj.Unconfirmed, rj.Adopted = registry.UnconfirmedAuditOnly, "not confirmed by slurmctld before the agent restarted"
+			case j.Flags&store.FlagUnconfirmedDeny != 0:
+				rj.Unconfirmed, rj.Adopted = registry.UnconfirmedDeny, "not confirmed by slurmctld before the agent restarted"
+			}
 			jobs = append(jobs, rj)
 		}
 		for _, s := range ss {
 			steps = append(steps, registry.Step{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs,
-				Cgroup: devfilter.Cgroup{ID: s.CgroupID, Path: s.Cgroup}})
+				Cgroup:    devfilter.Cgroup{ID: s.CgroupID, Path: s.Cgroup},
+				AuditOnly: s.Flags&store.StepFlagAuditOnly != 0, Adopted: s.Flags&store.StepFlagAdopted != 0})
 		}
 		from = "the pinned store " + d.cfg.PinDir
 	} else {
@@ -315,10 +355,11 @@ func (d *Daemon) restore() {
 		}
 		if saved != nil {
 			for _, sj := range saved.Jobs {
-				jobs = append(jobs, registry.Job{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, Broken: sj.Broken, NoProlog: sj.NoProlog, Dir: sj.Dir, Created: sj.Created})
+				jobs = append(jobs, registry.Job{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, Broken: sj.Broken, NoProlog: sj.NoProlog,
+					Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: unconfirmed(sj.Unconfirmed), Dir: sj.Dir, Created: sj.Created})
 				for _, ss := range sj.Steps {
 					steps = append(steps, registry.Step{JobID: sj.ID, StepID: ss.ID, UID: ss.UID, GPUs: ss.GPUs,
-						Cgroup: devfilter.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}})
+						Cgroup: devfilter.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}, AuditOnly: ss.AuditOnly, Adopted: ss.Adopted})
 				}
 			}
 			from = "the state file " + d.cfg.StateFile
@@ -337,15 +378,53 @@ func (d *Daemon) restore() {
 	}
 }
 
+// beforeEnforce runs with each filter loaded and not yet enforcing: the
+// recorded steps' entries (again: a crash may have come between a record
+// and its entry), then the adopted jobs'.
+func (d *Daemon) beforeEnforce(f Filter) error {
+	for _, s := range d.reg.Steps() {
+		if id, err := jobcgroup.ID(s.Cgroup.Path); err != nil || id != s.Cgroup.ID {
+			continue // gone: reconcile releases it
+		}
+		var p devfilter.Policy
+		if set, err := d.table.Devices(s.GPUs); err == nil {
+			p = devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
+		}
+		p.AuditOnly = s.AuditOnly
+		if err := f.Set(s.Cgroup, p); err != nil {
+			d.log.Error("restore a step's kernel entry", "job_id", s.JobID, "cgroup", s.Cgroup.Path, "err", err)
+		}
+	}
+	d.adoptMu.Lock()
+	plan := d.adoptions
+	d.adoptions = nil
+	d.adoptMu.Unlock()
+	d.adopter.Apply(plan, f.Set)
+	return nil
+}
+
+// unconfirmed is a state file's unconfirmed mode; anything but audit-only
+// (a damaged or hand-edited file) reads as deny.
+func unconfirmed(s string) string {
+	switch s {
+	case "":
+		return ""
+	case registry.UnconfirmedAuditOnly:
+		return s
+	}
+	return registry.UnconfirmedDeny
+}
+
 func (d *Daemon) snapshot() statefile.File {
 	st := statefile.File{Scope: d.enf.Scope(), Jobs: []statefile.Job{}, GPUTable: d.tableState()}
 	byJob := map[uint32][]statefile.Step{}
 	for _, s := range d.reg.Steps() {
-		byJob[s.JobID] = append(byJob[s.JobID], statefile.Step{ID: s.StepID, UID: s.UID, CgroupID: s.Cgroup.ID, Cgroup: s.Cgroup.Path, GPUs: s.GPUs})
+		byJob[s.JobID] = append(byJob[s.JobID], statefile.Step{ID: s.StepID, UID: s.UID, CgroupID: s.Cgroup.ID, Cgroup: s.Cgroup.Path, GPUs: s.GPUs,
+			AuditOnly: s.AuditOnly, Adopted: s.Adopted})
 	}
 	for _, j := range d.reg.Jobs() {
 		st.Jobs = append(st.Jobs, statefile.Job{ID: j.ID, UID: j.UID, GPUs: j.GPUs, Broken: j.Broken, NoProlog: j.NoProlog,
-			Dir: j.Dir, Created: j.Created, Steps: byJob[j.ID]})
+			Recovered: j.Recovered, Adopted: j.Adopted, Unconfirmed: j.Unconfirmed, Dir: j.Dir, Created: j.Created, Steps: byJob[j.ID]})
 	}
 	return st
 }

@@ -43,7 +43,7 @@ func TestSetInventory(t *testing.T) {
 		cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 		cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 		cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
-		d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), func(string) (Filter, error) {
+		d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), func(string, func(Filter) error) (Filter, error) {
 			return nil, errors.New("no filter in this test")
 		}, 195, nil)
 		if err != nil {
@@ -173,7 +173,7 @@ func TestSetInventoryMIGSlice(t *testing.T) {
 		{name: "MIG off", untrusted: "whose MIG mode is off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
+			d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string, func(Filter) error) (Filter, error) {
 				return nil, errors.New("no filter in this test")
 			}, 195, nil)
 			if err != nil {

@@ -42,6 +42,20 @@ const (
 	// FlagNoProlog: a placeholder for a job whose steps came without a
 	// prolog; it carries no trusted list.
 	FlagNoProlog uint32 = 1 << 2
+	// FlagUnconfirmedAuditOnly, FlagUnconfirmedDeny: a running job adopted
+	// at agent start whose GPUs slurmctld did not confirm, handled as
+	// adopt_unconfirmed said (audit-only or deny).
+	FlagUnconfirmedAuditOnly uint32 = 1 << 3
+	FlagUnconfirmedDeny      uint32 = 1 << 4
+)
+
+// Flags of a step record.
+const (
+	// StepFlagAuditOnly: the step's kernel entry reports what it may not
+	// open and allows it (a step of an unconfirmed job, audit-only).
+	StepFlagAuditOnly uint32 = 1 << 0
+	// StepFlagAdopted: the step was running when its job was adopted.
+	StepFlagAdopted uint32 = 1 << 1
 )
 
 // Job is one job's record.
@@ -57,6 +71,7 @@ type Job struct {
 type Step struct {
 	CgroupID           uint64
 	JobID, StepID, UID uint32
+	Flags              uint32
 	GPUs               []int
 	Cgroup             string // the cgroup's path, "" when longer than pathLen
 }
@@ -74,7 +89,7 @@ type stepValue struct {
 	JobID  uint32
 	StepID uint32
 	UID    uint32
-	_      uint32
+	Flags  uint32 // was padding: older records read as 0
 	GPUs   [gpuWords]uint64
 	Cgroup [pathLen]byte
 }
@@ -204,7 +219,7 @@ func (s *Store) PutStep(st Step) error {
 	if err != nil {
 		return fmt.Errorf("store step %d.%d: %w", st.JobID, st.StepID, err)
 	}
-	v := stepValue{JobID: st.JobID, StepID: st.StepID, UID: st.UID, GPUs: g}
+	v := stepValue{JobID: st.JobID, StepID: st.StepID, UID: st.UID, Flags: st.Flags, GPUs: g}
 	if len(st.Cgroup) < pathLen {
 		copy(v.Cgroup[:], st.Cgroup)
 	}
@@ -249,7 +264,7 @@ func (s *Store) Steps() ([]Step, error) {
 		for n < pathLen && v.Cgroup[n] != 0 {
 			n++
 		}
-		out = append(out, Step{CgroupID: id, JobID: v.JobID, StepID: v.StepID, UID: v.UID, GPUs: indices(v.GPUs), Cgroup: string(v.Cgroup[:n])})
+		out = append(out, Step{CgroupID: id, JobID: v.JobID, StepID: v.StepID, UID: v.UID, Flags: v.Flags, GPUs: indices(v.GPUs), Cgroup: string(v.Cgroup[:n])})
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read stored steps: %w", err)
