@@ -435,6 +435,7 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "slurm.conf"), []byte("TaskPlugin=task/cgroup\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "gres.conf"), []byte("Name=gpu File=/dev/nvidia[0-1]\n"), 0o644)
 	cfg := config.Default()
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff // gres.conf alone: slurmd_test.go runs slurmd -G
 	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
