@@ -45,10 +45,14 @@ type Config struct {
 	// `slurmd -G` with slurm_conf and node_name, cross-checked with
 	// gres.conf; when it fails, gres.conf's alone unless gres.conf uses
 	// AutoDetect), required (refuse to start when slurmd -G fails) or off
-	// (gres.conf only). slurmd is found next to slurm_bin_dir (../sbin, or
-	// the folder itself), else as <prefix>/sbin/slurmd when slurm_conf is
-	// <prefix>/etc/slurm.conf, else in /usr/sbin or /usr/local/sbin.
+	// (gres.conf only).
 	SlurmdGPUTable string `yaml:"slurmd_gpu_table"`
+	// Slurmd is the slurmd binary run as slurmd -G; empty: next to
+	// slurm_bin_dir (../sbin, or the folder itself), else
+	// <prefix>/sbin/slurmd when slurm_conf is <prefix>/etc/slurm.conf,
+	// else /usr/sbin or /usr/local/sbin (slurm.SlurmdPath). PATH is never
+	// searched: the agent runs it as root.
+	Slurmd string `yaml:"slurmd"`
 	// NodeName is this node's name in gres.conf (slurmd's -N); default the
 	// short host name.
 	NodeName string `yaml:"node_name"`
@@ -375,6 +379,9 @@ func (c Config) Validate(source string) error {
 	}
 	if c.FailOpenSpool != "" && !filepath.IsAbs(c.FailOpenSpool) {
 		bad("failopen_spool", "%q must be an absolute path (or empty)", c.FailOpenSpool)
+	}
+	if c.Slurmd != "" && !filepath.IsAbs(c.Slurmd) {
+		bad("slurmd", "%q must be an absolute path (or empty: found beside Slurm's other commands)", c.Slurmd)
 	}
 	switch c.SlurmdGPUTable {
 	case SlurmdGPUTableAuto, SlurmdGPUTableRequired, SlurmdGPUTableOff:

@@ -2,6 +2,18 @@ package config
 
 import "testing"
 
+// TestSlurmdConfig: the slurmd key is empty by default (found beside
+// Slurm's other commands) and must be absolute when set.
+func TestSlurmdConfig(t *testing.T) {
+	if c, ok := loadYAML(t, "", nil); !ok || c.Slurmd != "" {
+		t.Fatalf("default slurmd = %q", c.Slurmd)
+	}
+	if c, ok := loadYAML(t, "slurmd: /opt/slurm/sbin/slurmd\n", nil); !ok || c.Slurmd != "/opt/slurm/sbin/slurmd" {
+		t.Fatalf("slurmd = %q", c.Slurmd)
+	}
+	loadYAML(t, "slurmd: sbin/slurmd\n", []string{`agent.yaml: slurmd: "sbin/slurmd" must be an absolute path`})
+}
+
 func TestSlurmdGPUTableConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name, body, want, wantErr string

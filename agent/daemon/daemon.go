@@ -226,7 +226,7 @@ func readTableSources(ctx context.Context, cfg config.Config, gresConf string) g
 		in.SlurmdOff = true
 		return in
 	}
-	bin, err := slurm.SlurmdPath(cfg.SlurmBinDir, cfg.SlurmConf)
+	bin, err := slurm.FindSlurmd(cfg.Slurmd, cfg.SlurmBinDir, cfg.SlurmConf)
 	if err != nil {
 		in.SlurmdErr = err
 		return in

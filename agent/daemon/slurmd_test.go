@@ -62,7 +62,7 @@ func (n *slurmdNode) prints(exit int, minors ...int) {
 	n.write("sbin/slurmd", b.String(), 0o755)
 }
 
-func (n *slurmdNode) daemon(mode string) (*Daemon, string) {
+func (n *slurmdNode) daemon(mode string, set ...func(*config.Config)) (*Daemon, string) {
 	tr := n.tr
 	cfg := config.Default()
 	cfg.SlurmConf = filepath.Join(n.prefix, "etc", "slurm.conf")
@@ -71,6 +71,9 @@ func (n *slurmdNode) daemon(mode string) (*Daemon, string) {
 	cfg.Scope = tr.scope
 	cfg.PinDir, cfg.FailOpenSpool = "", ""
 	cfg.StateFile = filepath.Join(tr.t.TempDir(), "state.json")
+	for _, f := range set {
+		f(&cfg)
+	}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{tr.t}), nil))
 	d, err := New(cfg, log, NewKernelFilter(devfilter.Options{Mode: devfilter.ModeAuto, NvidiaMajor: 195, Logger: log, AuditAllowed: devfilter.AuditAllowedNone}), 195, tr.rec)
 	if err != nil {
@@ -214,4 +217,29 @@ func TestPrivilegedSlurmdTableReload(t *testing.T) {
 		t.Fatalf("GPU step after the table came back: %+v", r)
 	}
 	tr.expect(task, 0)
+}
+
+// TestPrivilegedSlurmdTableExplicitBinary: the slurmd setting names the
+// binary run as slurmd -G, where no search would find it.
+func TestPrivilegedSlurmdTableExplicitBinary(t *testing.T) {
+	tr := newTree(t)
+	n := newSlurmdNode(tr, "AutoDetect=nvml\n")
+	n.prints(0, 1, 0)
+	bin := filepath.Join(n.prefix, "slurm-22.05", "slurmd")
+	if err := os.Mkdir(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(n.prefix, "sbin", "slurmd"), bin); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := n.daemon(config.SlurmdGPUTableAuto, func(c *config.Config) { c.Slurmd = bin })
+	o := d.Table().Origin()
+	if o.Source != "slurmd -G" || !strings.HasPrefix(o.Slurmd, bin+" -G ") || d.Table().Untrusted() != "" {
+		t.Fatalf("origin %+v, untrusted %q", o, d.Table().Untrusted())
+	}
+	r, task := n.step(d, 1, "0")
+	if r.Error != "" {
+		t.Fatalf("step 1.0: %+v", r)
+	}
+	tr.expect(task, 1)
 }

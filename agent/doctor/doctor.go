@@ -83,7 +83,8 @@ type Env struct {
 	// Inventory lists the GPUs through NVML (inventory.OpenSystem); nil
 	// skips the NVML check.
 	Inventory func() ([]inventory.GPU, error)
-	// SlurmdG finds this node's slurmd (slurm.SlurmdPath) and runs slurmd
+	// SlurmdG finds this node's slurmd (the slurmd setting, else
+	// slurm.SlurmdPath) and runs slurmd
 	// -G (slurm.Slurmd) for the gres check, as the agent does; nil skips
 	// it, for SlurmdGSkip.
 	SlurmdG     func(binDir, slurmConf, node string) (slurm.SlurmdView, error)

@@ -99,6 +99,8 @@ type Input struct {
 //     name more GPUs, which slurmd drops when slurm.conf counts fewer);
 //     when an index is another device in each, the table is untrusted:
 //     gpufence cannot tell which device Slurm gives out.
+//     When gres.conf cannot be read, nothing cross-checks slurmd's
+//     table: untrusted too.
 //   - gres.conf's when slurmd -G failed or is off, but not under
 //     AutoDetect, where only slurmd knows the GPUs and their order: then
 //     the table is untrusted (with slurmd_gpu_table off, gres.conf's
@@ -142,8 +144,11 @@ func Choose(in Input) ([]slurm.GPU, Origin, error) {
 	o.Source = SourceSlurmd
 	switch {
 	case gresErr != nil:
-		o.Severity, o.Kind = SeverityWarning, "gres_unreadable"
+		// Nothing vouches for slurmd's GPUs but NVML, which may be absent:
+		// fail closed rather than trust one source unchecked.
+		o.Severity, o.Kind = SeverityError, "gres_unreadable"
 		o.Detail = fmt.Sprintf("slurmd's %d GPU(s); gres.conf could not be read to cross-check them: %v", len(sd), gresErr)
+		o.Untrusted = fmt.Sprintf("gpufence cannot read gres.conf to cross-check slurmd's GPU table (%v); gpufence gives no GPU to any step until it can (fix gres.conf, then restart the agent)", gresErr)
 	case auto != "":
 		o.Severity = SeverityInfo
 		o.Detail = fmt.Sprintf("slurmd's %d GPU(s): gres.conf sets AutoDetect=%s, so slurmd's table (what it found, in its order) is the authority; gres.conf names %d", len(sd), auto, len(gres))

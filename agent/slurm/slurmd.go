@@ -280,7 +280,16 @@ func SlurmdPath(binDir, slurmConf string) (string, error) {
 			return c, nil
 		}
 	}
-	return "", fmt.Errorf("no slurmd found (looked for %s); set slurm_bin_dir to the folder of Slurm's commands", strings.Join(cands, ", "))
+	return "", fmt.Errorf("no slurmd found (looked for %s); set slurmd to its path (or slurm_bin_dir to the folder of Slurm's commands)", strings.Join(cands, ", "))
+}
+
+// FindSlurmd is the slurmd binary to run: slurmd when the configuration
+// names one (the agent's slurmd key), else SlurmdPath(binDir, slurmConf).
+func FindSlurmd(slurmd, binDir, slurmConf string) (string, error) {
+	if slurmd != "" {
+		return slurmd, nil
+	}
+	return SlurmdPath(binDir, slurmConf)
 }
 
 // maxSymlinks bounds the links followed when checking a path.

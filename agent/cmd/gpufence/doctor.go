@@ -99,7 +99,7 @@ Flags:
 		env.SlurmdGSkip = "--root: slurmd -G runs on the node itself only"
 	default:
 		env.SlurmdG = func(binDir, slurmConf, node string) (slurm.SlurmdView, error) {
-			bin, err := slurm.SlurmdPath(binDir, slurmConf)
+			bin, err := slurm.FindSlurmd(cfg.Slurmd, binDir, slurmConf)
 			if err != nil {
 				return slurm.SlurmdView{}, err
 			}
