@@ -239,6 +239,10 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	if cfg.NvidiaCapsMajor == major {
 		return fmt.Errorf("nvidia-caps major %d is the NVIDIA GPU major too; set nvidia_major or nvidia_caps_major", major)
 	}
+	nvswitchMajor, nvlinkMajor, err := resolveFabric(&cfg, major, log)
+	if err != nil {
+		return err
+	}
 	mode := devfilter.Mode("")
 	if cfg.Mode != config.ModeAuto {
 		mode = devfilter.Mode(cfg.Mode)
@@ -269,6 +273,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	}()
 	fopts := devfilter.Options{
 		Mode: mode, NvidiaMajor: major, CapsMajor: cfg.NvidiaCapsMajor, Logger: log, PinDir: cfg.PinDir,
+		NVSwitchMajor: nvswitchMajor, NVLinkMajor: nvlinkMajor,
 		AuditOnly:    cfg.Enforcement == config.EnforcementAuditOnly,
 		AuditAllowed: devfilter.AuditAllowed(cfg.Audit.Allowed),
 		RateWindow:   cfg.Audit.RateWindow.Duration, RateBurst: cfg.Audit.RateBurst,
