@@ -179,6 +179,7 @@ func TestPrivilegedNVSwitch(t *testing.T) {
 				continue
 			}
 			r := recs[i]
+			t.Logf("%s: %s (device %+v)", n.name, r.Message, *r.Device)
 			if r.Decision != audit.DecisionDenied || r.Device.Kind != n.kind || r.Device.Path != n.path || r.GPU != nil ||
 				r.StepID != "0" || r.User != user || r.UID == nil || *r.UID != uid || r.Comm != "gf-open" || r.PID == 0 ||
 				r.PolicyMode != audit.ModeEnforce || !strings.Contains(r.Message, n.path) {
