@@ -109,7 +109,7 @@ func run(o Options, r *Report, start time.Time) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
 	defer cancel()
-	if os.Geteuid() != 0 {
+	if !isRoot() {
 		r.add(fail("root", "not run as root", "gpufence verify makes a cgroup below Slurm's scope and talks to the agent's root-only socket"))
 		return
 	}
@@ -413,3 +413,5 @@ func child(ctx context.Context, o Options, dir string, args []string) (childResu
 	}
 	return res, nil
 }
+
+func isRoot() bool { return os.Geteuid() == 0 }

@@ -21,12 +21,13 @@ func runVerify(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	def := config.Default()
 	cfgPath := fs.String("config", config.DefaultPath, "agent configuration file (YAML); missing is fine at the default path")
-	socket := fs.String("socket", def.Socket, "the agent's unix socket (default: the configuration's socket)")
-	gpu := fs.Int("gpu", -1, "GPU index to give the throw-away cgroup (default: the lowest in the node's GPU table)")
+	socket := fs.String("socket", def.Socket, "the agent's unix socket; overrides the configuration's socket")
+	scope := fs.String("scope", def.Scope, "cgroup directory of Slurm's slurmstepd scope (default: the configuration's scope, else found as the agent finds it)")
+	gpu := fs.Int("gpu", -1, "GPU index to give the throw-away cgroup; -1: the lowest in the node's GPU table")
 	timeout := fs.Duration("timeout", 10*time.Second, "give up after this long (each check that did not finish fails)")
 	asJSON := fs.Bool("json", false, `print {"ok":bool,"failed":[...],"checks":[...],"took_us":N} instead of text`)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: gpufence verify [--config FILE] [--socket PATH] [--gpu N] [--json]
+		fmt.Fprintf(stderr, `Usage: gpufence verify [--config FILE] [--socket PATH] [--scope DIR] [--gpu N] [--json]
 
 A live self-test of GPU isolation on this node, through the running agent
 and the kernel, as a job meets it. It makes a throw-away cgroup below Slurm's
@@ -54,8 +55,11 @@ Flags:
 		return 2
 	}
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "socket" {
+		switch f.Name {
+		case "socket":
 			cfg.Socket = *socket
+		case "scope":
+			cfg.Scope = *scope
 		}
 	})
 	if *timeout <= 0 {
