@@ -57,13 +57,17 @@ const (
 	// audit-only or deny, policy_mode says which), or refused (no GPU).
 	// Also when an unconfirmed job is confirmed later.
 	EventJobAdopted Event = "job_adopted"
+	// EventVerify: gpufence verify ran its self-test on the node (a
+	// throw-away cgroup given one GPU through the filter): passed (info) or
+	// failed (error, naming each failed check).
+	EventVerify Event = "verify"
 )
 
 // Events are every kind the agent writes, in the schema's order.
 var Events = []Event{EventGPUAccess, EventAccessSuppressed, EventAgentStart, EventAgentStop, EventPolicyApplied,
 	EventPolicyReleased, EventFilterAttachFailed, EventLookupFailed, EventConfigReload, EventJobWithoutProlog,
 	EventAuditLoss, EventStaleEntryRemoved, EventStepUnfiltered, EventGPUIdle, EventGPUTableMismatch,
-	EventFilterReattached, EventJobAdopted}
+	EventFilterReattached, EventJobAdopted, EventVerify}
 
 func knownEvent(e Event) bool {
 	for _, k := range Events {
