@@ -176,25 +176,9 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	return d, nil
 }
 
-// findScope returns the configured scope, or the single existing
-// slurmstepd scope (this node's own when several exist).
-func (d *Daemon) findScope() string {
-	if d.cfg.Scope != "" {
-		if _, err := os.Stat(d.cfg.Scope); err == nil {
-			return d.cfg.Scope
-		}
-		return ""
-	}
-	own := filepath.Join(d.mount, "system.slice", d.cfg.NodeName+"_slurmstepd.scope")
-	if _, err := os.Stat(own); err == nil {
-		return own
-	}
-	matches, _ := filepath.Glob(filepath.Join(d.mount, "system.slice", "*slurmstepd.scope"))
-	if len(matches) == 1 {
-		return matches[0]
-	}
-	return ""
-}
+// findScope returns the configured scope, or this node's slurmstepd scope
+// wherever Slurm's CgroupSlice put it (jobcgroup.FindScope).
+func (d *Daemon) findScope() string { return jobcgroup.FindScope(d.mount, d.cfg.Scope, d.cfg.NodeName) }
 
 // attachLocked attaches the filter on scope, once. d.mu is held.
 func (d *Daemon) attachLocked(scope string) error {
