@@ -65,9 +65,21 @@ test: ## unit tests (-short: no Slurm cluster); as root the kernel tests run too
 test-privileged: ## tests against the real kernel: BPF filter, cgroups, socket credentials (root)
 	$(GO) test -count=1 -run Privileged ./agent/... ./bpf/... ./proto/... ./spank/...
 
+# The Slurm release the end-to-end tests run against (tests/slurmrel): empty
+# is this machine's Debian 22.05; 25.11, 26.05+jobidpaths, 25.11+slice,
+# 23.11+pcluster, ... run that release's own daemons (a source build, once
+# per machine, or a Debian root). The tests read it as GPUFENCE_SLURM.
+SLURM ?=
+# What `make e2e-matrix` runs.
+MATRIX ?= 22.05 23.11 24.05 24.11 25.11 25.11+slice 26.05 26.05+jobidpaths 23.11+pcluster 24.05+pcluster 25.11+pcluster
+
 .PHONY: e2e
-e2e: build ## end-to-end tests against a real Slurm 22.05 on this machine (root; installs Slurm when missing)
-	$(GO) test -count=1 -timeout 25m ./tests/...
+e2e: build ## end-to-end tests against a real Slurm on this machine, 22.05 or SLURM=25.11 (root; installs/builds Slurm when missing)
+	GPUFENCE_SLURM='$(SLURM)' $(GO) test -count=1 -timeout 40m $(if $(SLURM),./tests/cluster ./tests/e2e,./tests/...)
+
+.PHONY: e2e-matrix
+e2e-matrix: build ## the e2e suite on every release in MATRIX; prints release x scenario, writes build/e2e-matrix.json (root; an hour)
+	$(GO) run ./tests/cmd/gfmatrix -out build/e2e-matrix.json $(MATRIX)
 
 .PHONY: test-all
 test-all: lint build ## every test: unit, privileged and end-to-end (root)
