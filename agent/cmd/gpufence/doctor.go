@@ -41,6 +41,8 @@ the fix:
   plugstack     plugstack.conf (and its includes) loads spank_gpufence.so,
                 required, with valid options and the agent's socket
   slurm-cgroup  ConstrainDevices, CgroupPlugin, ProctrackType, TaskPlugin
+  slurm-layout  the scope and job cgroup names this Slurm release makes
+                (CgroupSlice, SLUID job cgroups) and cgroup.conf keys it refuses
   gres          gres.conf's GPUs for this node against /dev and /proc/devices
   nvml          gres.conf against the GPUs the NVIDIA driver reports (NVML), as the agent checks it
   agent-socket  the socket exists, is root's, 0600, and accepts connections
