@@ -94,7 +94,13 @@ func TestPrivilegedAuditRecords(t *testing.T) {
 		for _, r := range access(rs, audit.DecisionDenied) {
 			n += 1 + int(r.Suppressed)
 		}
-		return n >= 9 && len(access(rs, audit.DecisionAllowed)) >= 1
+		released := false
+		for _, r := range rs {
+			released = released || (r.Event == audit.EventPolicyReleased && r.StepID == "0")
+		}
+		// srun can return before slurmstepd's exit callbacks have ended the
+		// step: wait for its policy_released record too.
+		return n >= 9 && len(access(rs, audit.DecisionAllowed)) >= 1 && released
 	})
 	uid, _ := lookup(t)
 	denied := map[int]int{}
