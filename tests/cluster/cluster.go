@@ -108,6 +108,7 @@ type state struct {
 	JobIDPaths   bool     `json:"job_id_paths,omitempty"`
 	SLUID        bool     `json:"sluid,omitempty"`
 	PCluster     bool     `json:"pcluster,omitempty"`
+	Namespace    bool     `json:"namespace,omitempty"` // namespace/linux on (SetNamespace)
 	// Scope is the scope slurmd made (known once it started); the
 	// candidates are the names it may choose (with and without the node
 	// name, as Slurm is built with or without multiple-slurmd support).
@@ -286,7 +287,7 @@ func (c *Cluster) makeRoot(root string) error {
 
 // rootEntries are what the harness creates in Root; Stop removes only these
 // when Root itself was not created by the harness.
-var rootEntries = []string{"etc", "logs", "run", "state", "dev", "bin", "lib", "work", "sysroot", "slurm-bin", "state.json"}
+var rootEntries = []string{"etc", "logs", "run", "state", "dev", "bin", "lib", "work", "sysroot", "slurm-bin", "ns", "state.json"}
 
 func (c *Cluster) makeTree() error {
 	slurmU, err := lookupIDs("slurm")
@@ -420,6 +421,7 @@ func (c *Cluster) params() confParams {
 		ExtraSlurm: c.st.ExtraSlurmConf, Plugstack: c.st.Plugstack,
 		ClusterName: "gpufence", SlurmUser: "slurm", KillWaitSecs: 5,
 		Release: c.st.Release, Slice: c.st.Slice, JobIDPaths: c.st.JobIDPaths, PCluster: c.st.PCluster,
+		Namespace: c.st.Namespace,
 	}
 }
 
@@ -649,6 +651,64 @@ func (c *Cluster) SetMIG(on bool) error {
 	return c.saveState()
 }
 
+// NamespaceBase is the base_path a namespace.yaml of SetNamespace must
+// give namespace/linux: Slurm mounts each job's private folders there.
+func (c *Cluster) NamespaceBase() string { return c.path("ns") }
+
+// SetNamespace turns Slurm's namespace/linux plugin (25.11) on with the
+// given namespace.yaml, or off ("" removes it), and restarts slurmctld and
+// slurmd, which read NamespaceType only at start. No job may run.
+func (c *Cluster) SetNamespace(yaml string) error {
+	if yaml != "" && !c.AtLeast("25.11") {
+		return fmt.Errorf("namespace/linux is Slurm 25.11's; this cluster runs %s", c.st.Full)
+	}
+	for _, p := range []*Process{c.st.Slurmd, c.st.Slurmctld} {
+		if err := p.Stop(); err != nil {
+			return fmt.Errorf("stop %s: %w", p.Name, err)
+		}
+	}
+	if err := c.unmountNamespaceBase(); err != nil {
+		return err
+	}
+	c.st.Namespace = yaml != ""
+	if yaml != "" {
+		if err := os.MkdirAll(c.NamespaceBase(), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(c.path("etc/namespace.yaml"), []byte(yaml), 0o644); err != nil {
+			return err
+		}
+	} else if err := os.Remove(c.path("etc/namespace.yaml")); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	if err := os.WriteFile(c.path("etc/slurm.conf"), []byte(renderSlurmConf(c.params())), 0o644); err != nil {
+		return err
+	}
+	if err := c.startSlurmctld(); err != nil {
+		return err
+	}
+	if err := c.startSlurmd(context.Background()); err != nil {
+		return fmt.Errorf("restart slurmd with namespace/linux %v: %w\n%s", c.st.Namespace, err, tail(c.path("logs/slurmd.log"), 20))
+	}
+	return c.saveState()
+}
+
+// unmountNamespaceBase detaches what Slurm's namespace/linux left mounted
+// under NamespaceBase in this mount namespace (it mounts there, in
+// slurmstepd's namespace, and unmounts when a job ends; a daemon killed
+// early leaves them). Only that folder, which the harness gave Slurm.
+func (c *Cluster) unmountNamespaceBase() error {
+	var errs []error
+	m := mountsUnder(c.NamespaceBase())
+	for i := len(m) - 1; i >= 0; i-- {
+		c.logf("unmounting %s, left by namespace/linux", m[i])
+		if err := syscall.Unmount(m[i], syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m[i], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // CapsMajor is the fake nvidia-caps major of the MIG capability nodes.
 func (c *Cluster) CapsMajor() uint32 { return c.st.CapsMajor }
 
@@ -735,6 +795,12 @@ func (c *Cluster) Run(ctx context.Context, usr string, name string, args ...stri
 // RunEnv is Run with extra environment variables (for example forged
 // SLURM_JOB_GPUS).
 func (c *Cluster) RunEnv(ctx context.Context, usr string, extraEnv []string, name string, args ...string) Result {
+	return c.RunStdin(ctx, usr, extraEnv, "", name, args...)
+}
+
+// RunStdin is RunEnv with stdin as the command's standard input (salloc's
+// interactive shell reads its commands there).
+func (c *Cluster) RunStdin(ctx context.Context, usr string, extraEnv []string, stdin, name string, args ...string) Result {
 	res := Result{Cmd: strings.Join(append([]string{name}, args...), " "), Code: -1}
 	if usr != "" {
 		res.Cmd = usr + "$ " + res.Cmd
@@ -754,6 +820,9 @@ func (c *Cluster) RunEnv(ctx context.Context, usr string, extraEnv []string, nam
 	cmd.Env = append(append(env, c.Env()...), extraEnv...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
 	err = cmd.Run()
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	var ee *exec.ExitError
@@ -907,6 +976,9 @@ func (c *Cluster) Stop() error {
 	}
 	if c.st.CgroupMount != "" {
 		errs = append(errs, c.cleanCgroups())
+	}
+	if c.st.Root != "" {
+		errs = append(errs, c.unmountNamespaceBase())
 	}
 	if c.st.Root != "" && !c.st.Keep {
 		errs = append(errs, c.removeFiles())

@@ -29,6 +29,7 @@ type confParams struct {
 	Slice        string // CgroupSlice ("" = Slurm's default, system.slice)
 	JobIDPaths   bool   // CgroupJobIdPaths=yes (26.05)
 	PCluster     bool   // AWS ParallelCluster's way of writing the files
+	Namespace    bool   // NamespaceType=namespace/linux (25.11) with etc/namespace.yaml
 }
 
 // atLeast reports whether the files are for Slurm v (major.minor) or newer.
@@ -110,6 +111,10 @@ func renderSlurmConf(p confParams) string {
 	}
 	line("NodeName=%s NodeAddr=127.0.0.1 CPUs=%d Gres=%s State=UNKNOWN", p.Host, p.CPUs, gres)
 	line("PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO", p.Host)
+	if p.Namespace {
+		// namespace/linux (Slurm 25.11) reads namespace.yaml beside slurm.conf.
+		line("NamespaceType=namespace/linux")
+	}
 	for _, l := range p.ExtraSlurm {
 		line("%s", l)
 	}

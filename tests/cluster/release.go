@@ -108,8 +108,12 @@ func (c *Cluster) writeRootWrappers() error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	names := []string{"slurmd"} // for `slurmd -V` (gpufence doctor)
 	for name := range slurmClients {
-		args := c.rootArgs("/usr/bin/" + name)
+		names = append(names, name)
+	}
+	for _, name := range names {
+		args := c.rootArgs(c.binPathIn(name))
 		q := make([]string, len(args))
 		for i, a := range args {
 			q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
@@ -120,6 +124,15 @@ func (c *Cluster) writeRootWrappers() error {
 		}
 	}
 	return nil
+}
+
+// binPathIn is where a Debian root keeps a command.
+func (c *Cluster) binPathIn(name string) string {
+	switch name {
+	case "slurmd", "slurmctld", "slurmstepd":
+		return "/usr/sbin/" + name
+	}
+	return "/usr/bin/" + name
 }
 
 // daemonArgv is the command line of a Slurm daemon of the cluster's release.

@@ -20,9 +20,18 @@ import (
 	"time"
 )
 
-// CacheDir holds the root tarballs and debootstrap's .deb cache. It is
-// outside every path gpufence itself uses.
-const CacheDir = "/var/cache/gpufence-test/roots"
+// CacheBase is the tests' cache: GPUFENCE_TEST_CACHE, else
+// /var/cache/gpufence-test, outside every path gpufence itself uses. An
+// empty folder there measures a cold start without losing the warm cache.
+func CacheBase() string {
+	if d := os.Getenv("GPUFENCE_TEST_CACHE"); d != "" {
+		return d
+	}
+	return "/var/cache/gpufence-test"
+}
+
+// CacheDir holds the root tarballs and debootstrap's .deb cache.
+func CacheDir() string { return filepath.Join(CacheBase(), "roots") }
 
 // Packages are installed into every root on top of debootstrap's minbase:
 // Slurm's node daemon, controller, clients and headers (the cluster harness
@@ -59,11 +68,11 @@ func Tarball(ctx context.Context, suite string, logf func(string, ...any)) (stri
 	}
 	mirror := Mirror()
 	sum := sha256.Sum256([]byte(suite + "\n" + mirror + "\n" + strings.Join(Packages, ",")))
-	tarball := filepath.Join(CacheDir, suite+"-"+hex.EncodeToString(sum[:6])+".tar")
-	if err := os.MkdirAll(filepath.Join(CacheDir, "debs"), 0o755); err != nil {
+	tarball := filepath.Join(CacheDir(), suite+"-"+hex.EncodeToString(sum[:6])+".tar")
+	if err := os.MkdirAll(filepath.Join(CacheDir(), "debs"), 0o755); err != nil {
 		return "", err
 	}
-	lock, err := os.OpenFile(filepath.Join(CacheDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	lock, err := os.OpenFile(filepath.Join(CacheDir(), ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return "", err
 	}
@@ -81,7 +90,7 @@ func Tarball(ctx context.Context, suite string, logf func(string, ...any)) (stri
 	build := tarball + ".d"
 	os.RemoveAll(build)
 	defer os.RemoveAll(build)
-	args := []string{"--variant=minbase", "--cache-dir=" + filepath.Join(CacheDir, "debs"),
+	args := []string{"--variant=minbase", "--cache-dir=" + filepath.Join(CacheDir(), "debs"),
 		"--include=" + strings.Join(Packages, ","), suite, build, mirror}
 	if out, err := run(ctx, "debootstrap", args...); err != nil {
 		return "", fmt.Errorf("debootstrap %s: %v\n%s", strings.Join(args, " "), err, lastLines(out, 30))

@@ -3,7 +3,7 @@
 // line each), and, for one of them, its real daemons on this machine:
 //   - this machine's own Debian packages (/usr) when they are that release;
 //   - a release source tarball (SLURM_SRC_DIR, checked against SHA256SUMS)
-//     built once per machine into CacheDir/<key>/opt/slurm, AWS
+//     built once per machine into CacheDir()/<key>/opt/slurm, AWS
 //     ParallelCluster's layout (build-source.sh);
 //   - a Debian suite's packages in a debootstrap root (tests/debroot), which
 //     the cluster harness runs chrooted against this host's kernel and
@@ -30,8 +30,9 @@ import (
 )
 
 // CacheDir holds the source builds, one folder per tarball checksum and
-// recipe; outside every path gpufence itself uses.
-const CacheDir = "/var/cache/gpufence-test/slurm"
+// recipe, under the tests' cache (debroot.CacheBase: GPUFENCE_TEST_CACHE,
+// else /var/cache/gpufence-test).
+func CacheDir() string { return filepath.Join(debroot.CacheBase(), "slurm") }
 
 // Release is one line of packaging/slurm-releases.
 type Release struct {
@@ -198,7 +199,7 @@ type Install struct {
 	// KindRoot it is known once a root is unpacked (the cluster fills it).
 	Full string
 	// Prefix holds bin/ and sbin/: /usr for KindHost and KindRoot (inside
-	// the root), CacheDir/<key>/opt/slurm for KindSource.
+	// the root), CacheDir()/<key>/opt/slurm for KindSource.
 	Prefix string
 	// Include is the folder holding slurm/spank.h, on this machine's
 	// filesystem (KindRoot: relative to the unpacked root).
@@ -255,8 +256,8 @@ func Ensure(ctx context.Context, r Release, logf func(string, ...any)) (*Install
 	if err != nil {
 		return nil, err
 	}
-	logf("Slurm %s: source build of %s (cached in %s; minutes when not built yet)", r.Version, r.Tarball(), CacheDir)
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "tests", "slurmrel", "build-source.sh"), filepath.Join(dir, r.Tarball()), CacheDir)
+	logf("Slurm %s: source build of %s (cached in %s; minutes when not built yet)", r.Version, r.Tarball(), CacheDir())
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "tests", "slurmrel", "build-source.sh"), filepath.Join(dir, r.Tarball()), CacheDir())
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -419,7 +420,7 @@ func Cached(r Release) (*Install, bool) {
 	}
 	name := strings.TrimSuffix(r.Tarball(), filepath.Ext(r.Tarball()))
 	name = strings.TrimSuffix(name, ".tar")
-	standIn := filepath.Join(CacheDir, fmt.Sprintf("%s-%x-%s", name, h.Sum(nil)[:8], m[1]))
+	standIn := filepath.Join(CacheDir(), fmt.Sprintf("%s-%x-%s", name, h.Sum(nil)[:8], m[1]))
 	b, err := os.ReadFile(filepath.Join(standIn, ".built"))
 	if err != nil {
 		return nil, false

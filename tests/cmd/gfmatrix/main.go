@@ -2,6 +2,7 @@
 // release and prints a table of scenario × release (`make e2e-matrix`):
 //
 //	gfmatrix [-out FILE] [-run REGEX] [-timeout 40m] SELECTION...
+//	gfmatrix -prepare SELECTION...   (build or fetch the releases only)
 //
 // A SELECTION is a tests/slurmrel release with its variant (22.05, 25.11,
 // 25.11+slice, 26.05+jobidpaths, 23.11+pcluster). Each release's daemons are
@@ -67,6 +68,7 @@ func main() {
 	out := flag.String("out", "build/e2e-matrix.json", "write the results here as JSON")
 	runRe := flag.String("run", "", "go test -run for each release (default: every test)")
 	timeout := flag.Duration("timeout", 40*time.Minute, "go test -timeout for each release")
+	prepare := flag.Bool("prepare", false, "only make each release's daemons ready (source builds, Debian roots), say how long each took, and exit")
 	flag.Parse()
 	sels := flag.Args()
 	if len(sels) == 0 {
@@ -77,6 +79,9 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
+	}
+	if *prepare {
+		os.Exit(prepareAll(sels))
 	}
 	m := &Matrix{Started: time.Now().UTC()}
 	ok := true
@@ -99,6 +104,36 @@ func main() {
 	if !ok {
 		os.Exit(1)
 	}
+}
+
+// prepareAll makes every selection's release ready, one after the other
+// (each source build uses every core), and reports the time each took.
+func prepareAll(sels []string) int {
+	code := 0
+	seen := map[string]bool{}
+	for _, name := range sels {
+		sel, err := slurmrel.Select(name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gfmatrix:", err)
+			code = 1
+			continue
+		}
+		if seen[sel.Release.Version] {
+			continue
+		}
+		seen[sel.Release.Version] = true
+		_, cached := slurmrel.Cached(sel.Release)
+		t0 := time.Now()
+		in, err := slurmrel.Ensure(context.Background(), sel.Release, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gfmatrix: "+f+"\n", a...) })
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "gfmatrix: %s: %v\n", sel.Release.Version, err)
+			code = 1
+			continue
+		}
+		fmt.Printf("Slurm %s ready (%s) in %.0f s (cached before: %v; source build took %d s)\n",
+			sel.Release.Version, in.Kind, time.Since(t0).Seconds(), cached, in.BuildSeconds)
+	}
+	return code
 }
 
 func runOne(root, name, runRe string, timeout time.Duration) *Run {
