@@ -108,7 +108,8 @@ type state struct {
 	JobIDPaths   bool     `json:"job_id_paths,omitempty"`
 	SLUID        bool     `json:"sluid,omitempty"`
 	PCluster     bool     `json:"pcluster,omitempty"`
-	Namespace    bool     `json:"namespace,omitempty"` // namespace/linux on (SetNamespace)
+	Namespace    bool     `json:"namespace,omitempty"`   // namespace/linux on (SetNamespace)
+	FakeDriver   bool     `json:"fake_driver,omitempty"` // SetFakeDriver
 	// Scope is the scope slurmd made (known once it started); the
 	// candidates are the names it may choose (with and without the node
 	// name, as Slurm is built with or without multiple-slurmd support).
@@ -287,7 +288,7 @@ func (c *Cluster) makeRoot(root string) error {
 
 // rootEntries are what the harness creates in Root; Stop removes only these
 // when Root itself was not created by the harness.
-var rootEntries = []string{"etc", "logs", "run", "state", "dev", "bin", "lib", "work", "sysroot", "slurm-bin", "ns", "state.json"}
+var rootEntries = []string{"etc", "logs", "run", "state", "dev", "bin", "lib", "work", "sysroot", "slurm-bin", "ns", "fakedriver", "state.json"}
 
 func (c *Cluster) makeTree() error {
 	slurmU, err := lookupIDs("slurm")
@@ -421,7 +422,7 @@ func (c *Cluster) params() confParams {
 		ExtraSlurm: c.st.ExtraSlurmConf, Plugstack: c.st.Plugstack,
 		ClusterName: "gpufence", SlurmUser: "slurm", KillWaitSecs: 5,
 		Release: c.st.Release, Slice: c.st.Slice, JobIDPaths: c.st.JobIDPaths, PCluster: c.st.PCluster,
-		Namespace: c.st.Namespace,
+		Namespace: c.st.Namespace, FakeDriver: c.st.FakeDriver,
 	}
 }
 

@@ -30,6 +30,7 @@ type confParams struct {
 	JobIDPaths   bool   // CgroupJobIdPaths=yes (26.05)
 	PCluster     bool   // AWS ParallelCluster's way of writing the files
 	Namespace    bool   // NamespaceType=namespace/linux (25.11) with etc/namespace.yaml
+	FakeDriver   bool   // gres.conf AutoDetect=nvidia, Flags=env_uuid (SetFakeDriver)
 }
 
 // atLeast reports whether the files are for Slurm v (major.minor) or newer.
@@ -100,6 +101,9 @@ func renderSlurmConf(p confParams) string {
 	line("KillWait=%d", p.KillWaitSecs)
 	line("GresTypes=gpu")
 	gres := fmt.Sprintf("gpu:%d", p.GPUs)
+	if p.FakeDriver {
+		gres = fmt.Sprintf("gpu:%s:%d", fakeType, p.GPUs)
+	}
 	if p.PCluster {
 		// ParallelCluster types the GPUs by their model.
 		gres = fmt.Sprintf("gpu:%s:%d", PClusterGPUType, p.GPUs)
@@ -122,6 +126,11 @@ func renderSlurmConf(p confParams) string {
 }
 
 func renderGresConf(p confParams) string {
+	if p.FakeDriver {
+		// The devices AutoDetect finds, as it names them, with their UUIDs
+		// in CUDA_VISIBLE_DEVICES (Slurm 26.05).
+		return fmt.Sprintf("AutoDetect=nvidia\nName=gpu Type=%s File=/dev/nvidia[0-%d] Flags=env_uuid\n", fakeType, p.GPUs-1)
+	}
 	if p.MIG {
 		return renderMIGGresConf(p)
 	}

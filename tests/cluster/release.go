@@ -91,14 +91,101 @@ func (c *Cluster) prepareRoot(ctx context.Context, in *slurmrel.Install) error {
 	return c.writeRootWrappers()
 }
 
-// rootArgs are gfroot's arguments to run argv in the root (as root).
-func (c *Cluster) rootArgs(argv ...string) []string {
+// rootFlags are gfroot's flags for the cluster's root: the root, the
+// folders bound into it and, with the fake driver, its own /dev and
+// /proc/driver/nvidia.
+func (c *Cluster) rootFlags() []string {
 	args := []string{"-root", c.st.SysRoot, "-bind", c.st.Root}
 	for _, b := range c.st.Binds {
 		args = append(args, "-bind", b)
 	}
-	return append(append(args, "--"), argv...)
+	if c.st.FakeDriver {
+		for _, d := range fakeDevices(c.st.GPUs) {
+			args = append(args, "-devnode", fmt.Sprintf("%s:%d:%d", d.Name, d.Major, d.Minor))
+		}
+		args = append(args, "-overlay", c.path("fakedriver/proc-driver")+":/proc/driver",
+			"-overlay", c.path("fakedriver/pci-drivers")+":/sys/bus/pci/drivers")
+	}
+	return args
 }
+
+// rootArgs are gfroot's arguments to run argv in the root (as root).
+func (c *Cluster) rootArgs(argv ...string) []string {
+	return append(append(c.rootFlags(), "--"), argv...)
+}
+
+// FakeUUID is the UUID the fake driver gives GPU i.
+func FakeUUID(i int) string { return fmt.Sprintf("GPU-0000%04x-6f2e-4a1b-9c3d-5e8f7a6b4c%02x", i, i) }
+
+// fakeBusID is the PCI bus id the fake driver gives GPU i.
+func fakeBusID(i int) string { return fmt.Sprintf("0000:%02x:00.0", 0x18+i) }
+
+// FakeModel is the fake driver's GPU model; Slurm's AutoDetect types the
+// GPUs by it, lowercased with underscores: tesla_t4.
+const (
+	FakeModel = "Tesla T4"
+	fakeType  = "tesla_t4"
+)
+
+// SetFakeDriver gives the Slurm daemons of a Debian root what an NVIDIA
+// driver shows them, so that gres.conf's AutoDetect=nvidia (which reads
+// /proc/driver/nvidia/gpus/*/information) finds the GPUs with their UUIDs:
+// the root gets a /dev of its own with the fake GPUs at /dev/nvidiaN, and a
+// /proc/driver/nvidia and /sys/bus/pci/drivers/nvidia of the harness's
+// making; gres.conf names those devices with Flags=env_uuid, so that Slurm
+// 26.05 puts the GPUs' UUIDs into CUDA_VISIBLE_DEVICES. All of it lives in
+// gfroot's mount namespaces. Off restores the usual files. Restarts
+// slurmctld and slurmd; no job may run; agents keep the table they read.
+func (c *Cluster) SetFakeDriver(on bool) error {
+	if c.st.SysRoot == "" {
+		return fmt.Errorf("the fake driver needs a Debian root (its own /dev); this cluster runs %s (%s)", c.st.Full, c.st.Kind)
+	}
+	if on {
+		for i := 0; i < c.st.GPUs; i++ {
+			info := fmt.Sprintf("Model: \t\t %s\nIRQ:   \t\t 100\nGPU UUID: \t %s\nVideo BIOS: \t 90.04.38.00.03\nBus Type: \t PCIe\nDMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\nBus Location: \t %s\nDevice Minor: \t %d\nGPU Excluded:\t No\n",
+				FakeModel, FakeUUID(i), fakeBusID(i), i)
+			dir := c.path("fakedriver/proc-driver/nvidia/gpus/" + fakeBusID(i))
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, "information"), []byte(info), 0o444); err != nil {
+				return err
+			}
+			pci := c.path("fakedriver/pci-drivers/nvidia/" + fakeBusID(i))
+			if err := os.MkdirAll(pci, 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(pci, "local_cpulist"), []byte(fmt.Sprintf("0-%d\n", c.st.CPUs-1)), 0o444); err != nil {
+				return err
+			}
+		}
+	}
+	for _, p := range []*Process{c.st.Slurmd, c.st.Slurmctld} {
+		if err := p.Stop(); err != nil {
+			return fmt.Errorf("stop %s: %w", p.Name, err)
+		}
+	}
+	c.st.FakeDriver = on
+	p := c.params()
+	for rel, text := range map[string]string{"etc/gres.conf": renderGresConf(p), "etc/slurm.conf": renderSlurmConf(p)} {
+		if err := os.WriteFile(c.path(rel), []byte(text), 0o644); err != nil {
+			return err
+		}
+	}
+	if err := c.writeRootWrappers(); err != nil {
+		return err
+	}
+	if err := c.startSlurmctld(); err != nil {
+		return err
+	}
+	if err := c.startSlurmd(context.Background()); err != nil {
+		return fmt.Errorf("restart slurmd with the fake driver %v: %w", on, err)
+	}
+	return c.saveState()
+}
+
+// FakeDevPath is GPU i's device node inside the root with the fake driver.
+func (c *Cluster) FakeDevPath(i int) string { return fmt.Sprintf("/dev/nvidia%d", i) }
 
 // writeRootWrappers puts a script per Slurm client in <Root>/slurm-bin that
 // runs the root's own command, for root callers on this host (the agent's
@@ -198,10 +285,7 @@ func (c *Cluster) clientCmd(ctx context.Context, usr, name string, args []string
 		return cmd, nil
 	case c.st.SysRoot != "":
 		// gfroot needs root; it drops to the user inside.
-		ga := []string{"-root", c.st.SysRoot, "-bind", c.st.Root}
-		for _, b := range c.st.Binds {
-			ga = append(ga, "-bind", b)
-		}
+		ga := c.rootFlags()
 		if cred != nil {
 			groups := make([]string, len(cred.Groups))
 			for i, g := range cred.Groups {
@@ -298,7 +382,8 @@ func (c *Cluster) JobDirName(ctx context.Context, id string) (string, error) {
 	if !c.st.SLUID {
 		return "job_" + id, nil
 	}
-	r := c.Run(ctx, "", "scontrol", "-o", "show", "job", id)
+	// scontrol shows the SLUID with -d only.
+	r := c.Run(ctx, "", "scontrol", "-d", "-o", "show", "job", id)
 	for _, f := range strings.Fields(r.Stdout) {
 		if v, ok := strings.CutPrefix(f, "SLUID="); ok && v != "" {
 			return v, nil

@@ -252,9 +252,10 @@ func TestPrivilegedInteractiveStep(t *testing.T) {
 	if len(rep.Open) == 0 {
 		t.Fatalf("the interactive shell ran nothing:\n%s", r)
 	}
-	// 0xfffffffa: Slurm's interactive step, not a shell on the submit host.
-	if rep.Env["SLURM_STEP_ID"] != "4294967290" {
-		t.Fatalf("SLURM_STEP_ID=%q: not the interactive step (4294967290)\n%s", rep.Env["SLURM_STEP_ID"], r)
+	// 0xfffffffa: Slurm's interactive step, not a shell on the submit
+	// host (26.05 prints it signed, -6).
+	if id := rep.Env["SLURM_STEP_ID"]; id != "4294967290" && id != "-6" {
+		t.Fatalf("SLURM_STEP_ID=%q: not the interactive step (4294967290)\n%s", id, r)
 	}
 	st.expectGPUs(t, rep, []int{2})
 	if !slices.Contains([]string{"0", "2"}, rep.Env["CUDA_VISIBLE_DEVICES"]) {
@@ -330,5 +331,78 @@ func TestPrivilegedUserNamespace(t *testing.T) {
 	b, _ := os.ReadFile(st.c.LogPath("slurmd.log"))
 	if !strings.Contains(string(b), "Skipping job and step device constrain as we are in a user namespace") {
 		t.Errorf("slurmd.log does not say Slurm skipped its own device constraint in the user namespace: the test no longer shows gpufence alone holding the tasks")
+	}
+}
+
+// TestPrivilegedUUIDVisibleDevices: Slurm 26.05's gres.conf Flags=env_uuid
+// puts the GPUs' UUIDs into CUDA_VISIBLE_DEVICES instead of indices (it
+// needs AutoDetect; here AutoDetect=nvidia reads the harness's fake
+// /proc/driver/nvidia, SetFakeDriver). The plugin must not break that: the
+// task sees the UUIDs of its own GPUs, never a renumbered or forged list,
+// and is held to those GPUs.
+func TestPrivilegedUUIDVisibleDevices(t *testing.T) {
+	st := get(t)
+	if !st.c.AtLeast("26.05") || st.c.Kind() != "debroot" {
+		t.Skipf("Slurm %s (%s): Flags=env_uuid is Slurm 26.05's, and the fake driver needs a Debian root's own /dev", st.c.SlurmVersion(), st.c.Kind())
+	}
+	st.waitIdle(t)
+	restartAgent := func() {
+		t.Helper()
+		if err := st.agent.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.startAgent(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.c.SetFakeDriver(true); err != nil {
+		t.Fatal(err)
+	}
+	// The agent reads gres.conf at its start.
+	restartAgent()
+	defer func() {
+		st.waitIdle(t)
+		if err := st.c.SetFakeDriver(false); err != nil {
+			t.Fatal(err)
+		}
+		restartAgent()
+	}()
+	var paths []string
+	for i := range 4 {
+		paths = append(paths, st.c.FakeDevPath(i))
+	}
+	paths = append(paths, "/dev/nvidiactl", "/dev/nvidia-uvm")
+	forged := []string{"CUDA_VISIBLE_DEVICES=0,1,2,3", "SLURM_STEP_GPUS=0,1,2,3"}
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprintf("gpu:%d", n), func(t *testing.T) {
+			r := st.c.RunEnv(st.ctx, user, forged, "srun", append([]string{fmt.Sprintf("--gres=gpu:%d", n), st.open, "-env"}, paths...)...)
+			mustOK(t, r)
+			rep := cluster.ParseOpen(r.Stdout)
+			own := gpusOf(t, rep, "SLURM_STEP_GPUS")
+			if len(own) != n {
+				t.Fatalf("Slurm gave %v, want %d GPUs", own, n)
+			}
+			var uuids []string
+			for _, g := range own {
+				uuids = append(uuids, cluster.FakeUUID(g))
+			}
+			if got := rep.Env["CUDA_VISIBLE_DEVICES"]; got != strings.Join(uuids, ",") {
+				t.Errorf("CUDA_VISIBLE_DEVICES=%q, want the UUIDs of GPUs %v: %q", got, own, strings.Join(uuids, ","))
+			}
+			for i := range 4 {
+				want := "EPERM"
+				if slices.Contains(own, i) {
+					want = "ENXIO"
+				}
+				if got := rep.Open[paths[i]]; got != want {
+					t.Errorf("%s: %q, want %s (own %v)", paths[i], got, want, own)
+				}
+			}
+			for _, p := range paths[4:] {
+				if rep.Open[p] != "ENXIO" {
+					t.Errorf("%s: %q, want ENXIO", p, rep.Open[p])
+				}
+			}
+		})
 	}
 }
