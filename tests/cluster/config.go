@@ -42,15 +42,6 @@ func (p confParams) atLeast(v string) bool {
 	return slurmrel.Number(r) >= slurmrel.Number(v)
 }
 
-// is reports whether the files are for Slurm v (major.minor) exactly.
-func (p confParams) is(v string) bool {
-	r := p.Release
-	if r == "" {
-		r = slurmrel.Default
-	}
-	return slurmrel.Number(r) == slurmrel.Number(v)
-}
-
 func (p confParams) path(rel string) string { return p.Root + "/" + rel }
 
 func renderSlurmConf(p confParams) string {
@@ -87,11 +78,12 @@ func renderSlurmConf(p confParams) string {
 	line("MpiDefault=none")
 	line("MailProg=/bin/true")
 	line("SchedulerType=sched/backfill")
-	if p.is("24.05") {
-		// Without accounting, 24.05's main scheduler finds every new batch
-		// job's association invalid and leaves it to the backfill
-		// scheduler, which runs every 30 s by default (job_scheduler.c,
-		// "has invalid account"): run it every second instead.
+	if p.atLeast("23.02") && !p.atLeast("24.11") {
+		// Without accounting, the main scheduler of 23.11 and 24.05 (built
+		// from source; measured) finds every new job's association
+		// invalid ("has invalid account") and leaves it to the backfill
+		// scheduler, which runs every 30 s by default: run it every second.
+		// 22.05, 24.11, 25.11 and 26.05 start jobs at once.
 		line("SchedulerParameters=bf_interval=1")
 	}
 	line("SelectType=select/cons_tres")

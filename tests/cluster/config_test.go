@@ -252,7 +252,7 @@ func TestRenderPerRelease(t *testing.T) {
 	}{
 		{"22.05", func(p *confParams) { p.Release = "22.05" }, []string{"CgroupAutomount=no"}, nil, nil, []string{"SchedulerParameters=bf_interval=1"}},
 		{"default is 22.05", func(p *confParams) {}, []string{"CgroupAutomount=no"}, nil, nil, nil},
-		{"23.11 dropped CgroupAutomount", func(p *confParams) { p.Release = "23.11" }, nil, nil, []string{"CgroupAutomount=no"}, []string{"SchedulerParameters=bf_interval=1"}},
+		{"23.11 dropped CgroupAutomount, backfills every second", func(p *confParams) { p.Release = "23.11" }, nil, []string{"SchedulerParameters=bf_interval=1"}, []string{"CgroupAutomount=no"}, nil},
 		{"24.05 backfills every second", func(p *confParams) { p.Release = "24.05" }, nil, []string{"SchedulerParameters=bf_interval=1"}, []string{"CgroupAutomount=no"}, nil},
 		{"24.11 does not", func(p *confParams) { p.Release = "24.11" }, nil, nil, nil, []string{"SchedulerParameters=bf_interval=1"}},
 		{"25.11 CgroupSlice", func(p *confParams) { p.Release = "25.11"; p.Slice = "gpufence_test.slice" }, []string{"CgroupSlice=gpufence_test.slice"}, nil, []string{"CgroupAutomount=no"}, nil},
