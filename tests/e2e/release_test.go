@@ -306,8 +306,14 @@ func TestPrivilegedUserNamespace(t *testing.T) {
 		args []string
 	}{{"gpu:1", []string{"--gres=gpu:1"}}, {"cpu-only", nil}} {
 		t.Run(tc.name, func(t *testing.T) {
+			// Each job on an idle node: namespace/linux tears the last
+			// job's namespace down in its epilog.
+			st.waitIdle(t)
 			r := st.c.Run(st.ctx, user, "srun", append(tc.args, "sh", "-c", probe)...)
-			mustOK(t, r)
+			if r.Code != 0 {
+				b, _ := os.ReadFile(st.c.LogPath("slurmd.log"))
+				t.Fatalf("%s\nslurmd.log:\n%s", r, tailLines(string(b), 25))
+			}
 			ns := ""
 			for _, l := range strings.Split(r.Stdout, "\n") {
 				if v, ok := strings.CutPrefix(l, "userns "); ok {
