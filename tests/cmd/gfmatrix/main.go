@@ -317,7 +317,14 @@ func printTable(w io.Writer, m *Matrix) {
 		if !r.Passed {
 			res = "FAIL"
 		}
-		return fmt.Sprintf("%s %d/%d", res, n["pass"], len(r.Tests))
+		out := fmt.Sprintf("%s %d ok", res, n["pass"])
+		if n["fail"] > 0 {
+			out += fmt.Sprintf(" %d fail", n["fail"])
+		}
+		if n["skip"] > 0 {
+			out += fmt.Sprintf(" %d skip", n["skip"])
+		}
+		return out
 	})
 	var errs []string
 	for _, r := range m.Runs {
