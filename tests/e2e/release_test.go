@@ -312,7 +312,13 @@ func TestPrivilegedUserNamespace(t *testing.T) {
 			r := st.c.Run(st.ctx, user, "srun", append(tc.args, "sh", "-c", probe)...)
 			if r.Code != 0 {
 				b, _ := os.ReadFile(st.c.LogPath("slurmd.log"))
-				t.Fatalf("%s\nslurmd.log:\n%s", r, tailLines(string(b), 25))
+				var errs []string
+				for _, l := range strings.Split(tailLines(string(b), 400), "\n") {
+					if strings.Contains(l, "error") || strings.Contains(l, "namespace") {
+						errs = append(errs, l)
+					}
+				}
+				t.Fatalf("%s\nslurmd.log, errors and namespace lines of its end:\n%s", r, tailLines(strings.Join(errs, "\n"), 40))
 			}
 			ns := ""
 			for _, l := range strings.Split(r.Stdout, "\n") {
