@@ -81,6 +81,41 @@ e2e: build ## end-to-end tests against a real Slurm on this machine, 22.05 or SL
 e2e-matrix: build ## the e2e suite on every release in MATRIX; prints release x scenario, writes build/e2e-matrix.json (root; an hour)
 	$(GO) run ./tests/cmd/gfmatrix -out build/e2e-matrix.json $(MATRIX)
 
+# Fuzzing: every `func FuzzXxx(f *testing.F)` in the module's tests is found
+# and run for FUZZTIME (Go's -fuzztime: 30s, or 10000x executions); FUZZ
+# picks targets by whole name, an extended regular expression such as
+# 'FuzzRead|FuzzCtld.*' (no $ needed; make would eat it). Packages with cgo (the C
+# parsers' harness) run under AddressSanitizer. Each target's last
+# execution count is printed; a crash, hang or failed property fails the
+# target, saves the input under its testdata/fuzz/, and make fails after
+# the rest have run. FUZZMINIMIZETIME bounds the shrinking of each new
+# input (Go's default of 60s would spend a short run shrinking, not fuzzing).
+FUZZTIME ?= 10s
+FUZZ ?= Fuzz.*
+FUZZMINIMIZETIME ?= 1s
+
+.PHONY: fuzz
+fuzz: ## run every Fuzz target in the tree for FUZZTIME each (default 10s; FUZZ='FuzzA|FuzzB.*' picks targets)
+	@set -uo pipefail; failed=0; n=0; \
+	cgo=" $$($(GO) list -f '{{if .CgoFiles}}{{.Dir}}{{end}}' ./... | tr '\n' ' ') "; \
+	while read -r dir files; do \
+		for name in $$(cd "$$dir" && sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*\*testing\.F).*/\1/p' $$files); do \
+			echo "$$name" | grep -Eqx -- '($(FUZZ))' || continue; \
+			flags=; case "$$cgo" in *" $$dir "*) flags=-asan;; esac; \
+			pkg=./$${dir#$(CURDIR)/}; n=$$((n+1)); \
+			log=$$(mktemp); \
+			if $(GO) test $$flags -run '^$$' -fuzz "^$$name\$$" -fuzztime '$(FUZZTIME)' -fuzzminimizetime '$(FUZZMINIMIZETIME)' "$$pkg" >"$$log" 2>&1; then \
+				printf '%-28s %-22s %s\n' "$$pkg" "$$name" "$$(grep -o 'execs: [0-9]*' "$$log" | tail -1)"; \
+			else \
+				cat "$$log"; echo "FAIL $$pkg $$name" >&2; failed=$$((failed+1)); \
+			fi; \
+			rm -f "$$log"; \
+		done; \
+	done < <($(GO) list -f '{{.Dir}}{{range .TestGoFiles}} {{.}}{{end}}{{range .XTestGoFiles}} {{.}}{{end}}' ./... | awk 'NF > 1'); \
+	[ $$n -gt 0 ] || { echo "no Fuzz target matches FUZZ=$(FUZZ)" >&2; exit 1; }; \
+	[ $$failed -eq 0 ] || { echo "$$failed of $$n fuzz targets failed" >&2; exit 1; }; \
+	echo "$$n fuzz targets passed, $(FUZZTIME) each"
+
 .PHONY: test-all
 test-all: lint build ## every test: unit, privileged and end-to-end (root)
 	$(GO) test -count=1 -timeout 30m ./...

@@ -7,3 +7,4 @@ cd "$(dirname "$0")/.."
 source tests/deps.sh
 make check-generated
 make test-all
+make fuzz FUZZTIME=10s

@@ -2,10 +2,12 @@ package audit
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 )
 
 // fileSink appends one JSON object per line. A write that fails half way
@@ -28,10 +30,27 @@ func openFile(path string) (*fileSink, error) {
 	return s, nil
 }
 
+// open opens the file without following a symbolic link: whoever could
+// plant one at the path would have the agent (root) append to, and chmod,
+// a file of their choosing. A path that is not a regular file is refused
+// too.
 func (s *fileSink) open() error {
-	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o640)
+	if errors.Is(err, syscall.ELOOP) {
+		return fmt.Errorf("open %s: it is a symbolic link; the audit file must be a regular file, not a link (refused: O_NOFOLLOW)", s.path)
+	}
 	if err != nil {
+		if st, lerr := os.Lstat(s.path); lerr == nil && !st.Mode().IsRegular() {
+			return fmt.Errorf("open %s: it is a %s, not a regular file: %w", s.path, fileKind(st.Mode()), err)
+		}
 		return fmt.Errorf("open %s: %w", s.path, err)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("stat %s: %w", s.path, err)
+		}
+		return fmt.Errorf("open %s: it is a %s, not a regular file", s.path, fileKind(st.Mode()))
 	}
 	// The umask may have narrowed the mode; an existing file keeps 0640 too.
 	if err := f.Chmod(0o640); err != nil {
@@ -45,6 +64,20 @@ func (s *fileSink) open() error {
 	}
 	s.f, s.size = f, st.Size()
 	return nil
+}
+
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeDevice != 0:
+		return "device"
+	case m.IsDir():
+		return "directory"
+	}
+	return "special file (" + m.String() + ")"
 }
 
 func (s *fileSink) Name() string { return "file" }

@@ -62,7 +62,6 @@ func TestPrivilegedFullFilesystem(t *testing.T) {
 	}
 	opts := testOptions(t)
 	opts.File = filepath.Join(dir, "audit", "audit.jsonl")
-	opts.RateBurst = -1
 	opts.RetryInterval = time.Nanosecond
 	p, err := New(opts, nil)
 	if err != nil {
@@ -152,4 +151,64 @@ func TestFileWriteErrorKeepsWholeLines(t *testing.T) {
 		t.Fatalf("write on a closed file: %v", err)
 	}
 	s.f = nil
+}
+
+// TestFileRefusesSymlink: a symbolic link at the audit path (planted before
+// the start, or after logrotate moved the file away) is refused with an
+// error that says so, and its target is never written to nor chmod'ed.
+func TestFileRefusesSymlink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("precious\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := testOptions(t)
+	opts.File = filepath.Join(dir, "audit.jsonl")
+	if err := os.Symlink(target, opts.File); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(opts, nil)
+	if err == nil || !strings.Contains(err.Error(), "symbolic link") || !strings.Contains(err.Error(), opts.File) {
+		t.Fatalf("New with a symlink at %s: %v, want an error naming the path and the link", opts.File, err)
+	}
+
+	// Reopen after a rotation: the new name is a link now.
+	if err := os.Remove(opts.File); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := os.Rename(opts.File, opts.File+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, opts.File); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reopen(); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		t.Errorf("Reopen with a symlink at the path: %v, want the link refused", err)
+	}
+	p.Emit(sampleRecords()[0])
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(target)
+	if err != nil || string(b) != "precious\n" {
+		t.Errorf("link target now holds %q (%v)", b, err)
+	}
+	if st, err := os.Stat(target); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("link target mode %v (%v), want 0600 untouched", st.Mode().Perm(), err)
+	}
+
+	// A named pipe is refused too, without blocking on it.
+	fifo := filepath.Join(dir, "fifo.jsonl")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts.File = fifo
+	if _, err := New(opts, nil); err == nil || !strings.Contains(err.Error(), fifo) || !strings.Contains(err.Error(), "named pipe") {
+		t.Errorf("New with a FIFO at the path: %v, want it refused", err)
+	}
 }

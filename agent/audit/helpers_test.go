@@ -146,16 +146,16 @@ func sampleRecords() []Record {
 		{Event: EventAgentStart, Message: "gpufence agent started (mode enforce, 4 GPUs)", PolicyMode: ModeEnforce},
 		{Event: EventPolicyApplied, Severity: SeverityNotice, Message: "job 12 step 0 may use GPUs 0,1", JobID: 12, StepID: "0", User: "alice", UID: uid, GPUs: []int{0, 1}, Cgroup: "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_12/step_0"},
 		{Event: EventPolicyApplied, Message: "job 12 step extern may use no GPU", JobID: 12, StepID: "extern", User: "alice", UID: uid, GPUs: []int{}, Cgroup: "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_12/step_extern"},
-		{Event: EventGPUAccess, Severity: SeverityWarning, Message: "job 12 step 0 (alice) denied open of /dev/nvidia3", Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", User: "alice", UID: uid, PID: 4242, Comm: "python", Exe: "/usr/bin/python3.11", Device: &Device{Path: "/dev/nvidia3", Major: 195, Minor: 3}, GPU: &GPU{Index: 3}, Access: []string{"read", "write"}, CgroupID: 9876},
-		{Event: EventGPUAccess, Message: "job 12 step batch allowed open of /dev/nvidia1", Decision: DecisionAllowed, PolicyMode: ModeEnforce, JobID: 12, StepID: "batch", User: "alice", UID: uid, PID: 4243, Comm: "nvidia-smi", Device: dev, GPU: gpu, Access: []string{"read"}, CgroupID: 9877},
-		{Event: EventGPUAccess, Severity: SeverityWarning, Message: "root would be denied mknod of 195:7", Decision: DecisionWouldDeny, PolicyMode: ModeAuditOnly, UID: UID(0), PID: 77, Comm: "mknod", Device: &Device{Major: 195, Minor: 7}, Access: []string{"mknod"}, CgroupID: 12},
+		{Event: EventGPUAccess, Severity: SeverityWarning, Message: "job 12 step 0 (alice) denied open of /dev/nvidia3", Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", User: "alice", UID: uid, PID: 4242, Comm: "python", Exe: "/usr/bin/python3.11", ExeStatus: ExeVerified, ExeDev: "254:0", ExeIno: 1234, Device: &Device{Path: "/dev/nvidia3", Major: 195, Minor: 3}, GPU: &GPU{Index: 3}, Access: []string{"read", "write"}, CgroupID: 9876},
+		{Event: EventGPUAccess, Message: "job 12 step batch allowed open of /dev/nvidia1", Decision: DecisionAllowed, PolicyMode: ModeEnforce, JobID: 12, StepID: "batch", User: "alice", UID: uid, PID: 4243, Comm: "nvidia-smi", ExeStatus: ExeExited, ExeDev: "254:0", ExeIno: 77, Device: dev, GPU: gpu, Access: []string{"read"}, CgroupID: 9877},
+		{Event: EventGPUAccess, Severity: SeverityWarning, Message: "root would be denied mknod of 195:7", Decision: DecisionWouldDeny, PolicyMode: ModeAuditOnly, UID: UID(0), PID: 77, Comm: "mknod", ExeStatus: ExeChanged, ExeNow: "/usr/bin/sleep", ExeDev: "0:31", ExeIno: 2, Device: &Device{Major: 195, Minor: 7}, Access: []string{"mknod"}, CgroupID: 12},
 		{Event: EventAccessSuppressed, Severity: SeverityWarning, Message: "37 more denied accesses", Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", UID: uid, PID: 4242, Comm: "python", Device: dev, Access: []string{"read"}, Suppressed: 37, CgroupID: 9876},
 		{Event: EventPolicyReleased, Message: "job 12 step 0 ended", JobID: 12, StepID: "0", User: "alice", UID: uid, GPUs: []int{0, 1}, Cgroup: "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_12/step_0", Reason: "step end"},
 		{Event: EventFilterAttachFailed, Severity: SeverityError, Message: "cannot attach the device filter", Cgroup: "/sys/fs/cgroup/system.slice/slurmstepd.scope", Error: "attach device filter to /sys/fs/cgroup/system.slice/slurmstepd.scope: operation not permitted"},
 		{Event: EventLookupFailed, Severity: SeverityWarning, Message: "cannot find the step of pid 99", PID: 99, Error: "read /proc/99/cgroup: no such file or directory"},
 		{Event: EventConfigReload, Severity: SeverityNotice, Message: "configuration reloaded from /etc/gpufence/agent.yaml"},
 		{Event: EventJobWithoutProlog, Severity: SeverityWarning, Message: "job 13 step 0 started without a prolog record; it gets no GPU", JobID: 13, StepID: "0", UID: uid},
-		{Event: EventAuditLoss, Severity: SeverityWarning, Message: "lost", Loss: &Loss{QueueDropped: 3, RingbufLost: 2, SinkFailed: map[string]uint64{}}},
+		{Event: EventAuditLoss, Severity: SeverityWarning, Message: "lost", Loss: &Loss{QueueDropped: 3, RingbufLost: 2, SinkFailed: map[string]uint64{}, RateFull: map[string]uint64{DecisionDenied: 4}}},
 		{Event: EventAgentStop, Message: "gpufence agent stopping (SIGTERM)"},
 	}
 }
@@ -168,7 +168,6 @@ func testOptions(t *testing.T) Options {
 		Cluster:      "research",
 		AgentVersion: "v0.3.0-test",
 		BootID:       testBootID,
-		RateInterval: time.Hour,
 	}
 }
 

@@ -92,6 +92,10 @@ func journalFields(r *Record) []journalField {
 	num("GPUFENCE_PID", uint64(r.PID))
 	add("GPUFENCE_COMM", r.Comm)
 	add("GPUFENCE_EXE", r.Exe)
+	add("GPUFENCE_EXE_STATUS", r.ExeStatus)
+	add("GPUFENCE_EXE_NOW", r.ExeNow)
+	add("GPUFENCE_EXE_DEV", r.ExeDev)
+	num("GPUFENCE_EXE_INO", r.ExeIno)
 	if r.Device != nil {
 		add("GPUFENCE_DEVICE_PATH", r.Device.Path)
 		f = append(f, journalField{"GPUFENCE_DEVICE", fmt.Sprintf("%d:%d", r.Device.Major, r.Device.Minor)})

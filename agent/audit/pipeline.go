@@ -31,14 +31,6 @@ type Options struct {
 	SinkQueueSize               int
 	Node, Cluster, AgentVersion string
 
-	// Attribute, when set, completes a record after the queue (job, user,
-	// GPU), so that a slow lookup never blocks the event reader.
-	Attribute func(*Record)
-	// RateBurst gpu_access records per job+step+device+decision are written
-	// per RateInterval; the rest are counted and summarised in an
-	// access_suppressed record. Defaults 5 and 10s; RateBurst < 0 disables.
-	RateBurst    int
-	RateInterval time.Duration
 	// RetryInterval is how long a failing sink waits before it tries again
 	// (default 1s); records meanwhile are counted as lost.
 	RetryInterval time.Duration
@@ -50,6 +42,9 @@ type Options struct {
 	BootID string
 
 	testWriters []writer
+	// testStall, when set, runs before each record is dispatched (tests
+	// hold the dispatcher with it to fill the queue).
+	testStall func()
 }
 
 // Stats counts records since New.
@@ -58,9 +53,10 @@ type Stats struct {
 	Emitted uint64
 	// QueueDropped counts records dropped because the queue was full.
 	QueueDropped uint64
-	// RateSuppressed counts gpu_access records folded into summaries.
-	RateSuppressed uint64
-	Sinks          map[string]SinkStats
+	// RateFull counts accesses the kernel counted without a rate key
+	// (its rate table was full), reported through ReportRateFull.
+	RateFull uint64
+	Sinks    map[string]SinkStats
 }
 
 // SinkStats counts one sink's records.
@@ -83,18 +79,20 @@ type Pipeline struct {
 	closed bool
 	queue  chan Record
 
-	seq            atomic.Uint64
-	queueDropped   atomic.Uint64 // since the last audit_loss record
-	ringbufLost    atomic.Uint64 // since the last audit_loss record
-	totalDropped   atomic.Uint64
-	rateSuppressed atomic.Uint64
+	seq          atomic.Uint64
+	queueDropped atomic.Uint64 // since the last audit_loss record
+	ringbufLost  atomic.Uint64 // since the last audit_loss record
+	totalDropped atomic.Uint64
+	// rateFull counts by decision since the last audit_loss record;
+	// rateFullTotal since New.
+	rateFull      [len(rateFullDecisions)]atomic.Uint64
+	rateFullTotal atomic.Uint64
 
 	sinks      []*sink
 	sinkMu     sync.RWMutex // guards sinkClosed against broadcast
 	sinkClosed bool
 	late       []lateRecord // broadcast after the sink queues closed
 
-	limiter    *limiter
 	dispatched chan struct{}
 	sinksDone  sync.WaitGroup
 	closeOnce  sync.Once
@@ -116,12 +114,6 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 	if opts.QueueSize < 0 || opts.SinkQueueSize < 0 {
 		return nil, errors.New("audit: queue sizes must be positive")
 	}
-	if opts.RateBurst == 0 {
-		opts.RateBurst = 5
-	}
-	if opts.RateInterval <= 0 {
-		opts.RateInterval = 10 * time.Second
-	}
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = time.Second
 	}
@@ -140,7 +132,6 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 		bootID:     opts.BootID,
 		queue:      make(chan Record, opts.QueueSize),
 		dispatched: make(chan struct{}),
-		limiter:    newLimiter(opts.RateBurst, opts.RateInterval),
 	}
 	if p.bootID == "" {
 		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
@@ -226,6 +217,23 @@ func (p *Pipeline) ReportLoss(ringbufLost uint64) {
 	p.ringbufLost.Add(ringbufLost)
 }
 
+// rateFullDecisions are the decisions ReportRateFull counts, in the order of
+// Pipeline.rateFull.
+var rateFullDecisions = [...]string{DecisionDenied, DecisionAllowed, DecisionWouldDeny}
+
+// ReportRateFull adds accesses, by decision, that the kernel counted without
+// a rate key because its rate table was full; the next audit_loss record
+// reports them. Like ReportLoss it never drops: the counts stay exact
+// however full the queue is.
+func (p *Pipeline) ReportRateFull(byDecision map[string]uint64) {
+	for i, d := range rateFullDecisions {
+		if n := byDecision[d]; n > 0 {
+			p.rateFull[i].Add(n)
+			p.rateFullTotal.Add(n)
+		}
+	}
+}
+
 // Reopen reopens the file sink (after logrotate renamed it); other sinks
 // reconnect on their own.
 func (p *Pipeline) Reopen() error {
@@ -241,10 +249,10 @@ func (p *Pipeline) Reopen() error {
 // Stats returns counts since New.
 func (p *Pipeline) Stats() Stats {
 	st := Stats{
-		Emitted:        p.seq.Load(),
-		QueueDropped:   p.totalDropped.Load(),
-		RateSuppressed: p.rateSuppressed.Load(),
-		Sinks:          map[string]SinkStats{},
+		Emitted:      p.seq.Load(),
+		QueueDropped: p.totalDropped.Load(),
+		RateFull:     p.rateFullTotal.Load(),
+		Sinks:        map[string]SinkStats{},
 	}
 	for _, s := range p.sinks {
 		st.Sinks[s.name] = SinkStats{Written: s.written.Load(), Failed: s.failed.Load(), Dropped: s.dropped.Load()}
@@ -300,37 +308,19 @@ func (p *Pipeline) Close() error {
 	return p.closeErr
 }
 
-// dispatch is the only goroutine that numbers records for all sinks.
+// dispatch is the only goroutine that numbers records for all sinks. (The
+// kernel limits access records per job step, device and decision, and
+// counts the rest exactly; nothing is limited here.)
 func (p *Pipeline) dispatch() {
 	defer close(p.dispatched)
-	tick := time.NewTicker(p.opts.RateInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case r, ok := <-p.queue:
-			if !ok {
-				p.reportLoss()
-				for _, s := range p.limiter.flush(time.Now(), true) {
-					p.send(s)
-				}
-				return
-			}
-			p.reportLoss()
-			if p.opts.Attribute != nil {
-				p.opts.Attribute(&r)
-			}
-			if r.Event == EventGPUAccess && !p.limiter.allow(&r) {
-				p.rateSuppressed.Add(1)
-				continue
-			}
-			p.send(r)
-		case now := <-tick.C:
-			p.reportLoss()
-			for _, s := range p.limiter.flush(now, false) {
-				p.send(s)
-			}
+	for r := range p.queue {
+		p.reportLoss()
+		if p.opts.testStall != nil {
+			p.opts.testStall()
 		}
+		p.send(r)
 	}
+	p.reportLoss()
 }
 
 // fill completes the fields every record carries and gives it the next seq.
@@ -352,7 +342,32 @@ func (p *Pipeline) fill(r *Record) {
 	if r.Severity == "" {
 		r.Severity = SeverityInfo
 	}
+	printable(r)
 	r.Seq = p.seq.Add(1)
+}
+
+// printable makes every text field of r safe for a terminal, whichever sink
+// or reader shows it: fields from hostile sources are Escape'd where they
+// are made (comm, exe), this catches whatever else carries such text
+// (messages, errors, reasons that quote a job's own fields).
+func printable(r *Record) {
+	for _, f := range []*string{&r.Node, &r.Cluster, &r.AgentVersion, &r.Message, &r.StepID, &r.User,
+		&r.Comm, &r.Exe, &r.ExeNow, &r.ExeDev, &r.Cgroup, &r.Reason, &r.Error} {
+		*f = Printable(*f)
+	}
+	if r.Device != nil && Printable(r.Device.Path) != r.Device.Path {
+		d := *r.Device
+		d.Path = Printable(d.Path)
+		r.Device = &d
+	}
+	if g := r.GPU; g != nil && (Printable(g.UUID) != g.UUID || (g.MIG != nil && Printable(g.MIG.Profile) != g.MIG.Profile)) {
+		c := *g
+		c.UUID = Printable(c.UUID)
+		if c.MIG != nil {
+			c.MIG = &MIG{Profile: Printable(c.MIG.Profile)}
+		}
+		r.GPU = &c
+	}
 }
 
 func (p *Pipeline) send(r Record) {
@@ -378,14 +393,28 @@ func (p *Pipeline) broadcast(r Record, from *sink) {
 }
 
 func (p *Pipeline) reportLoss() {
-	if p.queueDropped.Load() == 0 && p.ringbufLost.Load() == 0 {
+	pending := p.queueDropped.Load() != 0 || p.ringbufLost.Load() != 0
+	for i := range p.rateFull {
+		pending = pending || p.rateFull[i].Load() != 0
+	}
+	if !pending {
 		return
 	}
 	q, rb := p.queueDropped.Swap(0), p.ringbufLost.Swap(0)
-	p.send(Record{
-		Event:    EventAuditLoss,
-		Severity: SeverityWarning,
-		Message:  fmt.Sprintf("audit records lost: %d dropped at the full queue, %d lost in the kernel ring buffer", q, rb),
-		Loss:     &Loss{QueueDropped: q, RingbufLost: rb, SinkFailed: map[string]uint64{}},
-	})
+	loss := &Loss{QueueDropped: q, RingbufLost: rb, SinkFailed: map[string]uint64{}}
+	msg := fmt.Sprintf("audit records lost: %d dropped at the full queue, %d lost in the kernel ring buffer", q, rb)
+	var full []string
+	for i, d := range rateFullDecisions {
+		if n := p.rateFull[i].Swap(0); n > 0 {
+			if loss.RateFull == nil {
+				loss.RateFull = map[string]uint64{}
+			}
+			loss.RateFull[d] = n
+			full = append(full, fmt.Sprintf("%d %s", n, d))
+		}
+	}
+	if len(full) > 0 {
+		msg += fmt.Sprintf("; accesses counted without job or device because the kernel's rate table was full (decisions stood): %s", strings.Join(full, ", "))
+	}
+	p.send(Record{Event: EventAuditLoss, Severity: SeverityWarning, Message: msg, Loss: loss})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -121,7 +122,6 @@ func TestBlockedSinkNeverBlocksEmit(t *testing.T) {
 	bw := &blockingWriter{release: make(chan struct{})}
 	opts := testOptions(t)
 	opts.SinkQueueSize = 4
-	opts.RateBurst = -1
 	opts.testWriters = []writer{bw}
 	p, err := New(opts, nil)
 	if err != nil {
@@ -173,12 +173,8 @@ func TestFullQueueDropsAndReports(t *testing.T) {
 	var once sync.Once
 	opts := testOptions(t)
 	opts.QueueSize = 8
-	opts.RateBurst = -1
-	opts.Attribute = func(r *Record) {
-		once.Do(func() { <-hold }) // attribution stuck behind a lock
-		if r.Event == EventGPUAccess {
-			r.User = "alice"
-		}
+	opts.testStall = func() {
+		once.Do(func() { <-hold }) // the dispatcher held up
 	}
 	p, err := New(opts, nil)
 	if err != nil {
@@ -193,6 +189,12 @@ func TestFullQueueDropsAndReports(t *testing.T) {
 		t.Errorf("Emit took %v with a full queue", d)
 	}
 	p.ReportLoss(7)
+	// Counted even with the queue full, reported exactly.
+	p.ReportRateFull(map[string]uint64{DecisionDenied: 11, DecisionAllowed: 2})
+	p.ReportRateFull(map[string]uint64{DecisionDenied: 1, DecisionWouldDeny: 0})
+	if st := p.Stats(); st.RateFull != 14 {
+		t.Errorf("Stats().RateFull = %d, want 14", st.RateFull)
+	}
 	dropped := p.Stats().QueueDropped
 	if dropped < n-9 {
 		t.Fatalf("queue of 8 dropped only %d of %d", dropped, n)
@@ -204,6 +206,7 @@ func TestFullQueueDropsAndReports(t *testing.T) {
 	recs := readRecords(t, opts.File)
 	checkSeqs(t, recs, "file")
 	var access, reportedDrops, ringbuf uint64
+	rateFull := map[string]uint64{}
 	for _, r := range recs {
 		switch r.Event {
 		case EventGPUAccess:
@@ -214,75 +217,19 @@ func TestFullQueueDropsAndReports(t *testing.T) {
 		case EventAuditLoss:
 			reportedDrops += r.Loss.QueueDropped
 			ringbuf += r.Loss.RingbufLost
+			for d, n := range r.Loss.RateFull {
+				rateFull[d] += n
+			}
 		}
+	}
+	if want := map[string]uint64{DecisionDenied: 12, DecisionAllowed: 2}; fmt.Sprint(rateFull) != fmt.Sprint(want) {
+		t.Errorf("audit_loss records report rate_full %v, want %v", rateFull, want)
 	}
 	if access+reportedDrops != n {
 		t.Errorf("%d written + %d reported dropped != %d emitted", access, reportedDrops, n)
 	}
 	if ringbuf != 7 {
 		t.Errorf("ring buffer loss reported %d, want 7", ringbuf)
-	}
-}
-
-func TestRateLimitSummarises(t *testing.T) {
-	opts := testOptions(t)
-	opts.RateBurst = 2
-	p, err := New(opts, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := time.Now()
-	for i := 0; i < 10; i++ {
-		r := sampleRecords()[3]
-		r.Time = base.Add(time.Duration(i) * time.Millisecond)
-		p.Emit(r)
-	}
-	other := sampleRecords()[3]
-	other.Device = &Device{Path: "/dev/nvidia2", Major: 195, Minor: 2}
-	p.Emit(other)
-	if err := p.Close(); err != nil {
-		t.Fatal(err)
-	}
-	recs := readRecords(t, opts.File)
-	checkSeqs(t, recs, "file")
-	var access int
-	var suppressed uint64
-	for _, r := range recs {
-		switch r.Event {
-		case EventGPUAccess:
-			access++
-		case EventAccessSuppressed:
-			suppressed += r.Suppressed
-			if r.Device.Minor != 3 || r.JobID != 12 {
-				t.Errorf("summary for the wrong key: %+v", r)
-			}
-		}
-	}
-	if access != 3 || suppressed != 8 {
-		t.Errorf("got %d gpu_access and %d suppressed, want 3 and 8", access, suppressed)
-	}
-	if p.Stats().RateSuppressed != 8 {
-		t.Errorf("stats: %+v", p.Stats())
-	}
-}
-
-func TestLimiterCarriesSuppressedIntoNextWindow(t *testing.T) {
-	l := newLimiter(1, time.Second)
-	base := time.Unix(1000, 0)
-	r := func(d time.Duration) *Record {
-		x := sampleRecords()[3]
-		x.Time = base.Add(d)
-		return &x
-	}
-	if !l.allow(r(0)) || l.allow(r(10*time.Millisecond)) || l.allow(r(20*time.Millisecond)) {
-		t.Fatal("burst of 1 not applied")
-	}
-	next := r(2 * time.Second)
-	if !l.allow(next) || next.Suppressed != 2 {
-		t.Fatalf("next window: suppressed %d, want 2", next.Suppressed)
-	}
-	if out := l.flush(base.Add(10*time.Second), false); len(out) != 0 {
-		t.Fatalf("nothing pending, got %d summaries", len(out))
 	}
 }
 

@@ -41,7 +41,33 @@ const (
 	// disagreed with the GPUs the NVIDIA driver reports; severity error
 	// when the agent therefore gives no GPU to any step.
 	EventGPUTableMismatch Event = "gpu_table_mismatch"
+	// EventFilterReattached: Slurm's scope cgroup was made again (same
+	// path, new cgroup), so the filter's link was on a dead cgroup; the
+	// program was re-attached to the live scope before any step was
+	// answered. reason says which ids differed.
+	EventFilterReattached Event = "filter_reattached"
+	// EventJobAdopted: at start, a job was running with no record (first
+	// install on a busy node, records lost); the agent asked slurmctld and
+	// took it over: confirmed (its GPUs), unconfirmed (adopt_unconfirmed's
+	// audit-only or deny, policy_mode says which), or refused (no GPU).
+	// Also when an unconfirmed job is confirmed later.
+	EventJobAdopted Event = "job_adopted"
 )
+
+// Events are every kind the agent writes, in the schema's order.
+var Events = []Event{EventGPUAccess, EventAccessSuppressed, EventAgentStart, EventAgentStop, EventPolicyApplied,
+	EventPolicyReleased, EventFilterAttachFailed, EventLookupFailed, EventConfigReload, EventJobWithoutProlog,
+	EventAuditLoss, EventStaleEntryRemoved, EventStepUnfiltered, EventGPUIdle, EventGPUTableMismatch,
+	EventFilterReattached, EventJobAdopted}
+
+func knownEvent(e Event) bool {
+	for _, k := range Events {
+		if k == e {
+			return true
+		}
+	}
+	return false
+}
 
 // Severity is the record's importance; it maps to syslog and journald priorities.
 type Severity string
@@ -52,6 +78,25 @@ const (
 	SeverityNotice  Severity = "notice"
 	SeverityWarning Severity = "warning"
 	SeverityError   Severity = "error"
+)
+
+// ExeStatus values: how the agent checked /proc/<pid>/exe, which it reads
+// after the access, against the executable the kernel saw at the access.
+const (
+	// ExeVerified: the same file (inode and device), the same process
+	// (start time): Exe names the program of the access.
+	ExeVerified = "verified"
+	// ExeChanged: the same process runs another file now (it exec'd since
+	// the access); ExeNow names the new program, not the one of the access.
+	ExeChanged = "changed"
+	// ExeExited: the process was gone (or its pid was another process's)
+	// when the agent looked.
+	ExeExited = "exited"
+	// ExeUnverified: the kernel gave no identity to check against (a task
+	// without mm, an older program), or the file's device as stat shows it
+	// is not its superblock's (btrfs subvolumes, some overlayfs setups):
+	// ExeNow is what /proc showed, unconfirmed.
+	ExeUnverified = "unverified"
 )
 
 // Decisions and policy modes of a gpu_access record.
@@ -84,10 +129,24 @@ type Record struct {
 	StepID     string `json:"step_id,omitempty"`
 	User       string `json:"user,omitempty"`
 	// UID is a pointer because uid 0 (root) is a real value.
-	UID        *uint32  `json:"uid,omitempty"`
-	PID        uint32   `json:"pid,omitempty"`
-	Comm       string   `json:"comm,omitempty"`
-	Exe        string   `json:"exe,omitempty"`
+	UID *uint32 `json:"uid,omitempty"`
+	PID uint32  `json:"pid,omitempty"`
+	// Comm is the kernel's name of the process at the access, Escape'd
+	// (the process chooses it).
+	Comm string `json:"comm,omitempty"`
+	// Exe is /proc/<pid>/exe, Escape'd, only when it was checked to be
+	// the program the process ran at the access (ExeStatus verified).
+	Exe string `json:"exe,omitempty"`
+	// ExeStatus says how Exe was checked (ExeVerified, ...).
+	ExeStatus string `json:"exe_status,omitempty"`
+	// ExeNow is /proc/<pid>/exe, Escape'd, when it could not be checked
+	// or names another program than the one of the access: read after
+	// the access, it is what the process runs now.
+	ExeNow string `json:"exe_now,omitempty"`
+	// ExeDev ("major:minor" of its file system) and ExeIno identify the
+	// executable the kernel saw at the access.
+	ExeDev     string   `json:"exe_dev,omitempty"`
+	ExeIno     uint64   `json:"exe_ino,omitempty"`
 	Device     *Device  `json:"device,omitempty"`
 	GPU        *GPU     `json:"gpu,omitempty"`
 	Access     []string `json:"access,omitempty"`
@@ -138,6 +197,10 @@ type Loss struct {
 	Sink          string     `json:"sink,omitempty"`
 	LostSeqs      []SeqRange `json:"lost_seqs,omitempty"`
 	SeqsTruncated bool       `json:"seqs_truncated,omitempty"`
+	// RateFull counts, by decision, accesses the kernel counted without a
+	// rate key because its rate table was full: they have no record, no
+	// job, no device; their decisions stood.
+	RateFull map[string]uint64 `json:"rate_full,omitempty"`
 }
 
 // SeqRange is an inclusive range of seq numbers.

@@ -22,6 +22,7 @@ func Tail(args []string, stdout, stderr io.Writer) int {
 	job := fs.Uint("job", 0, "only records of this job id")
 	user := fs.String("user", "", "only records of this user name or uid")
 	denied := fs.Bool("denied", false, "only denied and would-deny accesses")
+	event := fs.String("event", "", "only records of this event (gpu_access, job_adopted, policy_applied, ...; docs/audit.md)")
 	asJSON := fs.Bool("json", false, "print the records as they are (JSON Lines)")
 	var follow bool
 	fs.BoolVar(&follow, "follow", false, "keep printing records as they are written")
@@ -34,7 +35,14 @@ func Tail(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpufence audit tail: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
+	if *event != "" && !knownEvent(Event(*event)) {
+		fmt.Fprintf(stderr, "gpufence audit tail: --event %q: not an event gpufence writes (docs/audit.md lists them)\n", *event)
+		return 2
+	}
 	match := func(r *Record) bool {
+		if *event != "" && string(r.Event) != *event {
+			return false
+		}
 		if *job != 0 && uint(r.JobID) != *job {
 			return false
 		}
@@ -48,7 +56,10 @@ func Tail(args []string, stdout, stderr io.Writer) int {
 	}
 	print := func(line []byte, r *Record) {
 		if *asJSON {
-			stdout.Write(line)
+			// The record as written, except that no character can drive
+			// the terminal (the agent escapes hostile text already; a
+			// record of another writer may not).
+			stdout.Write(TerminalSafeJSON(line))
 			io.WriteString(stdout, "\n")
 			return
 		}
@@ -137,13 +148,15 @@ func Tail(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-// FormatHuman renders one record as an aligned line for a person.
+// FormatHuman renders one record as an aligned line for a person. Every
+// field is passed through Printable: the line holds no control character
+// whatever the record says.
 func FormatHuman(r *Record) string {
 	dash := func(s string) string {
 		if s == "" {
 			return "-"
 		}
-		return s
+		return Printable(s)
 	}
 	jobStep := "-"
 	if r.JobID != 0 {
@@ -174,7 +187,23 @@ func FormatHuman(r *Record) string {
 	if r.Suppressed > 0 {
 		sup = "+" + strconv.FormatUint(r.Suppressed, 10)
 	}
-	return strings.TrimRight(fmt.Sprintf("%-24s %-20s %-10s %-12s %-16s %-22s %-20s %-6s %s",
-		r.Time.UTC().Format("2006-01-02T15:04:05.000Z"), r.Event, dash(r.Decision), jobStep,
-		dash(who), dash(proc), dash(strings.TrimSpace(dev)), sup, r.Message), " ")
+	return Printable(strings.TrimRight(fmt.Sprintf("%-24s %-20s %-10s %-12s %-16s %-22s %-24s %-20s %-6s %s",
+		r.Time.UTC().Format("2006-01-02T15:04:05.000Z"), dash(string(r.Event)), dash(r.Decision), dash(jobStep),
+		dash(who), dash(proc), dash(exeLabel(r)), dash(strings.TrimSpace(dev)), sup, dash(r.Message)), " "))
+}
+
+// exeLabel is the exe column: the program of the access when it was
+// verified, else what /proc showed afterwards, marked as such.
+func exeLabel(r *Record) string {
+	switch {
+	case r.Exe != "":
+		return r.Exe
+	case r.ExeStatus == ExeChanged:
+		return "[exec'd since] " + r.ExeNow
+	case r.ExeStatus == ExeUnverified && r.ExeNow != "":
+		return "[unverified] " + r.ExeNow
+	case r.ExeStatus != "":
+		return "[" + r.ExeStatus + "]"
+	}
+	return ""
 }

@@ -35,6 +35,12 @@ type Config struct {
 	// SlurmConf is Slurm's slurm.conf; gres.conf and cgroup.conf are read
 	// from the same folder.
 	SlurmConf string `yaml:"slurm_conf"`
+	// SlurmBinDir holds scontrol and squeue, with which the agent asks
+	// slurmctld about jobs (recover_from_slurmctld, and whether a job whose
+	// epilog it missed has ended); empty: <prefix>/bin when slurm_conf is
+	// <prefix>/etc/slurm.conf and scontrol is there (ParallelCluster's
+	// /opt/slurm), else PATH.
+	SlurmBinDir string `yaml:"slurm_bin_dir"`
 	// NodeName is this node's name in gres.conf (slurmd's -N); default the
 	// short host name.
 	NodeName string `yaml:"node_name"`
@@ -80,10 +86,17 @@ type Config struct {
 	// StateFile keeps which job and step each kernel entry belongs to
 	// across agent restarts; empty keeps it in memory only.
 	StateFile string `yaml:"state_file"`
-	// RecoverFromSlurmctld asks slurmctld (scontrol show job -d) for the
-	// GPUs of a job whose prolog record is missing (agent down at job start,
-	// state lost), instead of giving its steps no GPU.
+	// RecoverFromSlurmctld asks slurmctld for the GPUs of a job whose prolog
+	// record is missing (agent down at job start, state lost), instead of
+	// giving its steps no GPU. Only output no job user can steer is read:
+	// JSON where the release prints it, else strictly structured text.
 	RecoverFromSlurmctld bool `yaml:"recover_from_slurmctld"`
+	// AdoptUnconfirmed is how a job found running with no record at start
+	// is handled when slurmctld cannot be asked about it: audit-only (its
+	// steps open any GPU, each open outside nothing is audited) or deny
+	// (no GPU), until slurmctld confirms it or it ends. A job slurmctld
+	// confirms keeps its GPUs; one it refuses gets none, whatever this says.
+	AdoptUnconfirmed string `yaml:"adopt_unconfirmed"`
 	// FailOpenSpool is where the SPANK plugin (failure=open, spool=) records
 	// steps it let run without isolation; the agent audits and removes them.
 	FailOpenSpool string `yaml:"failopen_spool"`
@@ -166,6 +179,12 @@ const (
 	NVMLOff      = "off"
 )
 
+// AdoptUnconfirmed values.
+const (
+	AdoptAuditOnly = "audit-only"
+	AdoptDeny      = "deny"
+)
+
 // Enforcement values.
 const (
 	EnforcementEnforce   = "enforce"
@@ -211,6 +230,7 @@ func Default() Config {
 		PinDir:               "/sys/fs/bpf/gpufence",
 		StateFile:            "/var/lib/gpufence/state.json",
 		RecoverFromSlurmctld: true,
+		AdoptUnconfirmed:     AdoptAuditOnly,
 		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
 		NVML:                 NVMLAuto,
 		Metrics: Metrics{
@@ -284,6 +304,9 @@ func (c Config) Validate(source string) error {
 	if c.NodeName == "" {
 		bad("node_name", "empty, and the host name could not be read")
 	}
+	if c.SlurmBinDir != "" && !filepath.IsAbs(c.SlurmBinDir) {
+		bad("slurm_bin_dir", "%q must be an absolute path", c.SlurmBinDir)
+	}
 	if c.Scope != "" && !filepath.IsAbs(c.Scope) {
 		bad("scope", "%q must be an absolute cgroup directory", c.Scope)
 	}
@@ -325,6 +348,11 @@ func (c Config) Validate(source string) error {
 	case EnforcementEnforce, EnforcementAuditOnly:
 	default:
 		bad("enforcement", "%q is not one of enforce, audit-only", c.Enforcement)
+	}
+	switch c.AdoptUnconfirmed {
+	case AdoptAuditOnly, AdoptDeny:
+	default:
+		bad("adopt_unconfirmed", "%q is not one of audit-only, deny", c.AdoptUnconfirmed)
 	}
 	if c.PinDir != "" && !filepath.IsAbs(c.PinDir) {
 		bad("pin_dir", "%q must be an absolute path on bpffs (or empty)", c.PinDir)

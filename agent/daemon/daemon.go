@@ -1,6 +1,11 @@
-// Package daemon is the gpufence node agent: it answers the SPANK plugin,
-// keeps each job's trusted GPU list from its prolog, and writes one policy per
-// step cgroup into the kernel's device filter.
+// Package daemon puts the gpufence node agent together from its stages
+// (docs/architecture.md, "The agent's stages"): requests (agent/handler)
+// decide with agent/policy, write the kernel's map (agent/enforcer) and
+// record (agent/registry, written through to the pinned agent/store);
+// the kernel's access reports go reader → queue → attribution → sinks
+// (agent/events); agent/reconcile and agent/persist run beside them.
+// Each stage is a package with one job; this one only wires them and runs
+// their loops.
 package daemon
 
 import (
@@ -10,645 +15,510 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/adopt"
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgwatch"
 	"github.com/gpufence/gpufence/agent/config"
-	"github.com/gpufence/gpufence/agent/devices"
+	"github.com/gpufence/gpufence/agent/enforcer"
+	"github.com/gpufence/gpufence/agent/events"
+	"github.com/gpufence/gpufence/agent/failopen"
+	"github.com/gpufence/gpufence/agent/gputable"
+	"github.com/gpufence/gpufence/agent/handler"
+	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
-	"github.com/gpufence/gpufence/agent/policy"
-	"github.com/gpufence/gpufence/agent/server"
+	"github.com/gpufence/gpufence/agent/peer"
+	"github.com/gpufence/gpufence/agent/persist"
+	"github.com/gpufence/gpufence/agent/reconcile"
+	"github.com/gpufence/gpufence/agent/recovery"
+	"github.com/gpufence/gpufence/agent/registry"
 	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/agent/statefile"
+	"github.com/gpufence/gpufence/agent/store"
+	"github.com/gpufence/gpufence/agent/users"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
 
-// Log attribute keys (STYLE.md: constant keys).
-const (
-	keyJob    = "job_id"
-	keyStep   = "step_id"
-	keyUID    = "uid"
-	keyGPU    = "gpu"
-	keyCgroup = "cgroup"
-)
-
-// Filter is the kernel device filter as the daemon uses it; *devfilter.Filter
-// implements it.
-type Filter interface {
-	Mode() devfilter.Mode
-	Set(cg devfilter.Cgroup, p devfilter.Policy) error
-	Remove(cg devfilter.Cgroup) error
-	ReadEvent() (devfilter.Event, error)
-	Suppressed() (map[devfilter.RateKey]uint64, error)
-	ForgetRate(cgroupID uint64) error
-	Lost() (uint64, error)
-	SetAuditOnly(on bool) error
-	Policies() (map[uint64]devfilter.Policy, error)
-	Close() error
-}
+// Filter is the kernel device filter; *devfilter.Filter implements it.
+type Filter = enforcer.Filter
 
 // FilterFactory attaches a filter on Slurm's slurmstepd scope directory.
-type FilterFactory func(scope string) (Filter, error)
+type FilterFactory = enforcer.Factory
+
+// Recorder receives audit records; *audit.Pipeline implements it.
+type Recorder = events.Recorder
 
 // NewKernelFilter is the FilterFactory for the real kernel filter; opts
 // holds everything but the scope.
 func NewKernelFilter(opts devfilter.Options) FilterFactory {
-	return func(scope string) (Filter, error) {
+	return func(scope string, prepare func(Filter) error) (Filter, error) {
 		o := opts
 		o.ScopeDir = scope
+		if prepare != nil {
+			o.BeforeAttach = func(f *devfilter.Filter) error { return prepare(f) }
+		}
 		return devfilter.New(o)
 	}
 }
 
-// Daemon holds the agent's state; Handle is safe for concurrent use.
-type Daemon struct {
-	cfg       config.Config
-	log       *slog.Logger
-	mount     string
-	gpus      map[int]devices.GPU
-	byMinor   map[uint32][]int
-	newFilter FilterFactory
-	settings  settingsCache
-	rec       Recorder
-	users     userNames
-	supp      suppression
-	auditOnly atomic.Bool
-
-	nvidiaMajor uint32
-	// capsMajor is the nvidia-caps major (cfg.NvidiaCapsMajor as the caller
-	// resolved it); 0: unknown, MIG slices refused.
-	capsMajor uint32
-	// table is what each GPU index opens (policy.DevicesFor). byMinor and
-	// byCaps attribute a device back to the indices that hold it: the MIG
-	// slices of one GPU share its minor, the compute instances of one GPU
-	// instance its access caps.
-	table  map[int]policy.Devices
-	byCaps map[uint32][]int
-
-	mu      sync.Mutex
-	filter  Filter
-	scope   string
-	jobs    map[uint32]*job
-	owners  map[uint64]owner
-	exempts map[string]devfilter.Cgroup
-	events  sync.WaitGroup
-	// observer follows the jobs' GPUs (metrics, dcgm job mapping).
-	observer Observer
-	// nvml is what the NVIDIA driver said about Slurm's GPUs (SetInventory);
-	// nil without NVML.
-	nvml atomic.Pointer[nvmlView]
+// jobSource is slurmctld as the agent asks it; tests replace it.
+var jobSource = func(cfg config.Config) recovery.JobSource {
+	return &slurm.Controller{SlurmConf: cfg.SlurmConf, Node: cfg.NodeName, BinDir: cfg.SlurmBinDir}
 }
 
-// New builds the daemon: it reads Slurm's GPU table and device numbers, and
-// attaches the filter at once when Slurm's scope already exists.
+type nopRecorder struct{}
+
+func (nopRecorder) Emit(audit.Record)                {}
+func (nopRecorder) ReportLoss(uint64)                {}
+func (nopRecorder) ReportRateFull(map[string]uint64) {}
+
+// Daemon is the running agent.
+type Daemon struct {
+	cfg   config.Config
+	log   *slog.Logger
+	mount string
+	rec   Recorder
+
+	table    *gputable.Table
+	reg      *registry.Registry
+	store    *store.Store
+	enf      *enforcer.Enforcer
+	ev       *events.Events
+	h        *handler.Handler
+	rc       *reconcile.Reconciler
+	recovery *recovery.Recovery
+	watch    *cgwatch.Watcher
+	users    *users.Cache
+	adopter  *adopt.Adopter
+
+	// adoptions are the running jobs found with no record at start, with
+	// slurmctld's answers, until the filter's attach writes them.
+	adoptMu   sync.Mutex
+	adoptions []adopt.Job
+
+	auditOnly atomic.Bool
+
+	persistStop context.CancelFunc
+	persistDone chan struct{}
+	closeOnce   sync.Once
+}
+
+// New builds the agent: it reads Slurm's GPU table and device numbers,
+// takes back the records an earlier agent left (the pinned store, else its
+// state file), and attaches the filter at once when Slurm's scope exists.
 func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMajor uint32, rec Recorder) (*Daemon, error) {
 	mount, err := jobcgroup.Mountpoint()
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{
-		cfg: cfg, log: log.With("component", "agent"), mount: mount, newFilter: newFilter,
-		gpus: map[int]devices.GPU{}, table: map[int]policy.Devices{}, byMinor: map[uint32][]int{}, byCaps: map[uint32][]int{},
-		jobs: map[uint32]*job{}, owners: map[uint64]owner{}, exempts: map[string]devfilter.Cgroup{},
-		settings: settingsCache{path: cfg.SlurmConf},
-		rec:      rec, nvidiaMajor: nvidiaMajor, capsMajor: cfg.NvidiaCapsMajor,
+	if rec == nil {
+		rec = nopRecorder{}
 	}
-	if d.rec == nil {
-		d.rec = nopRecorder{}
-	}
+	d := &Daemon{cfg: cfg, log: log.With("component", "agent"), mount: mount, rec: rec, users: &users.Cache{}}
 	d.auditOnly.Store(cfg.Enforcement == config.EnforcementAuditOnly)
-	st, err := d.settings.get()
+	settings := &settingsCache{path: cfg.SlurmConf}
+	st, err := settings.Get()
 	if err != nil {
 		return nil, err
 	}
-	table, err := slurm.ReadGresGPUs(st.GresConf, cfg.NodeName)
-	switch {
-	case errors.Is(err, slurm.ErrNoGPUs):
-		d.log.Warn("no GPU configured for this node in gres.conf; every job gets no GPU", "gres_conf", st.GresConf, "node", cfg.NodeName)
-	case err != nil:
+	if d.table, err = gputable.Load(st.GresConf, cfg.NodeName, nvidiaMajor, cfg.NvidiaCapsMajor); err != nil {
 		return nil, err
 	}
-	resolved, err := devices.Resolve(table, nvidiaMajor, d.capsMajor)
-	if err != nil {
-		return nil, fmt.Errorf("GPU table from %s: %w", st.GresConf, err)
-	}
-	for _, g := range resolved {
-		d.gpus[g.Index] = g
-		d.table[g.Index] = policy.Devices{GPUMinor: g.Minor, CapsMinors: g.CapsMinors()}
-		d.byMinor[g.Minor] = append(d.byMinor[g.Minor], g.Index)
-		for _, c := range g.Caps {
-			d.byCaps[c.Minor] = append(d.byCaps[c.Minor], g.Index)
+	d.logTable(st.GresConf)
+
+	if cfg.PinDir != "" {
+		if err := devfilter.EnsureBPFFS(cfg.PinDir); err != nil {
+			return nil, fmt.Errorf("pin directory: %w", err)
 		}
-		if g.MIG {
-			d.log.Info("gpu", keyGPU, g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor),
-				"mig_slice", g.Type, "caps", fmt.Sprintf("%d:%v", d.capsMajor, g.CapsMinors()))
-			continue
+		if d.store, err = store.Open(cfg.PinDir); err != nil {
+			return nil, err
 		}
-		d.log.Info("gpu", keyGPU, g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor))
 	}
-	saved, _, err := statefile.Read(cfg.StateFile)
-	if err != nil {
-		d.log.Error("saved agent state unreadable; running jobs lose attribution, their kernel entries stay until their cgroups go", "err", err)
+	d.reg = registry.New(d.store, d.log.With("component", "registry"))
+	d.ev = events.New(events.Options{Log: log.With("component", "events"), Recorder: rec, Owners: d.reg, Table: d.table,
+		Users: d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize})
+	d.enf = enforcer.New(enforcer.Options{
+		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
+		NewFilter: newFilter, Registry: d.reg, Recorder: rec,
+		OnAttach: func(f enforcer.Filter) {
+			adopted := false
+			if a, ok := f.(interface{ Adopted() bool }); ok {
+				adopted = a.Adopted()
+			}
+			d.ev.Read(f, f, adopted)
+		},
+		OnRelease:     d.ev.Release,
+		BeforeEnforce: d.beforeEnforce,
+	})
+	if cfg.RecoverFromSlurmctld {
+		d.recovery = &recovery.Recovery{Source: jobSource(cfg), Table: d.table, Node: cfg.NodeName}
 	}
-	d.mu.Lock()
-	d.restoreLocked(saved)
-	d.mu.Unlock()
-	if saved != nil && len(saved.Jobs) > 0 {
-		d.log.Info("restored jobs from the saved state", "jobs", len(saved.Jobs), "file", cfg.StateFile)
+	if d.watch, err = cgwatch.New(); err != nil {
+		d.log.Warn("step ends are found by the periodic reconcile only", "err", err)
+		d.watch = nil
 	}
-	if scope := d.findScope(); scope != "" {
-		d.mu.Lock()
-		err := d.attachLocked(scope)
-		d.mu.Unlock()
-		if err != nil {
+	d.h = &handler.Handler{Log: d.log, Mount: mount, Scope: cfg.Scope, Registry: d.reg, Enforcer: d.enf, Table: d.table,
+		Settings: settings, Recorder: rec, Users: d.users, Recovery: d.recovery, Watch: d.watchStep, PolicyMode: d.policyMode}
+	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery, Watcher: d.watch,
+		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
+
+	var asker adopt.Asker
+	if d.recovery != nil {
+		asker = d.recovery
+	}
+	d.adopter = &adopt.Adopter{Log: d.log.With("component", "adopt"), Registry: d.reg, Asker: asker, Table: d.table,
+		Recorder: rec, Users: d.users, Unconfirmed: cfg.AdoptUnconfirmed}
+
+	d.restore()
+	if scope := d.enf.FindScope(); scope != "" {
+		// Jobs already running with no record (gpufence put on a busy
+		// node): slurmctld is asked now, and their entries are written
+		// before the filter's program first runs (beforeEnforce).
+		t0 := time.Now()
+		plan := d.adopter.Plan(scope)
+		if len(plan) > 0 {
+			d.log.Info("running jobs found with no record; slurmctld asked", "jobs", len(plan), "took", time.Since(t0))
+		}
+		d.adoptMu.Lock()
+		d.adoptions = plan
+		d.adoptMu.Unlock()
+		if err := d.enf.Ensure(scope); err != nil {
+			d.Close()
 			return nil, err
 		}
 		// Steps that ended while the agent was away.
-		d.Reconcile()
+		d.rc.Pass()
 	} else {
 		d.log.Info("Slurm's slurmstepd scope does not exist yet; the filter is attached when the first step registers", "cgroup_mount", mount)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d.persistStop, d.persistDone = cancel, make(chan struct{})
+	w := &persist.Writer{Path: cfg.StateFile, Snapshot: d.snapshot, Changed: d.reg.Changed(), Log: d.log}
+	go func() { defer close(d.persistDone); w.Run(ctx) }()
 	return d, nil
 }
 
-// findScope returns the configured scope, or this node's slurmstepd scope
-// wherever Slurm's CgroupSlice put it (jobcgroup.FindScope).
-func (d *Daemon) findScope() string { return jobcgroup.FindScope(d.mount, d.cfg.Scope, d.cfg.NodeName) }
-
-// attachLocked attaches the filter on scope, once. d.mu is held.
-func (d *Daemon) attachLocked(scope string) error {
-	if d.filter != nil {
-		if d.scope != scope {
-			return fmt.Errorf("step is under scope %s but the device filter is attached to %s", scope, d.scope)
+func (d *Daemon) logTable(gresConf string) {
+	gpus := d.table.GPUs()
+	if len(gpus) == 0 {
+		d.log.Warn("no GPU configured for this node in gres.conf; every job gets no GPU", "gres_conf", gresConf, "node", d.cfg.NodeName)
+	}
+	for _, g := range gpus {
+		if g.MIG {
+			d.log.Info("gpu", "gpu", g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor),
+				"mig_slice", g.Type, "caps", fmt.Sprintf("%d:%v", d.table.CapsMajor, g.CapsMinors()))
+			continue
 		}
-		return nil
+		d.log.Info("gpu", "gpu", g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor))
 	}
-	d.cleanStaleLocked(scope)
-	f, err := d.newFilter(scope)
-	if err != nil {
-		err = fmt.Errorf("attach device filter to %s: %w", scope, err)
-		d.lifecycle(audit.EventFilterAttachFailed, audit.SeverityError, "the GPU device filter could not be attached; GPU steps are refused", func(r *audit.Record) {
-			r.Cgroup, r.Error = scope, err.Error()
-		})
-		return err
+}
+
+func (d *Daemon) watchStep(cg devfilter.Cgroup) {
+	if d.watch == nil || cg.Path == "" {
+		return
 	}
-	d.filter, d.scope = f, scope
-	adopted := false
-	if a, ok := f.(interface{ Adopted() bool }); ok {
-		adopted = a.Adopted()
+	if err := d.watch.Add(cg.Path, cg.ID); err != nil {
+		d.log.Debug("step cgroup not watched; reconcile will find its end", "cgroup", cg.Path, "err", err)
 	}
-	d.log.Info("device filter attached", keyCgroup, scope, "mode", f.Mode(), "adopted_pinned", adopted)
-	d.events.Add(1)
-	go d.readEvents(f)
-	d.refreshExemptLocked()
+}
+
+// restore takes back what an earlier agent recorded: the pinned store,
+// which survives any crash; where it is new (first start, or an agent that
+// kept only a state file), the state file, copied into the store.
+func (d *Daemon) restore() {
+	var jobs []registry.Job
+	var steps []registry.Step
+	from := ""
+	if d.store != nil && !d.store.Created {
+		sj, err1 := d.store.Jobs()
+		ss, err2 := d.store.Steps()
+		if err := errors.Join(err1, err2); err != nil {
+			d.log.Error("read the pinned store; running jobs are recovered from slurmctld", "err", err)
+		}
+		for _, j := range sj {
+			rj := registry.Job{ID: j.ID, UID: j.UID, GPUs: j.GPUs, NoProlog: j.Flags&store.FlagNoProlog != 0,
+				Created: time.Unix(0, j.CreatedUnixNano)}
+			if j.Flags&store.FlagBroken != 0 {
+				rj.Broken = fmt.Sprintf("job %d's GPU list was found unusable before the agent restarted; its GPU steps are refused", j.ID)
+			}
+			if j.Flags&store.FlagRecovered != 0 {
+				rj.Recovered = "slurmctld, before the agent restarted"
+			}
+			switch {
+			case j.Flags&store.FlagUnconfirmedAuditOnly != 0:
+				rj.Unconfirmed, rj.Adopted = registry.UnconfirmedAuditOnly, "not confirmed by slurmctld before the agent restarted"
+			case j.Flags&store.FlagUnconfirmedDeny != 0:
+				rj.Unconfirmed, rj.Adopted = registry.UnconfirmedDeny, "not confirmed by slurmctld before the agent restarted"
+			}
+			jobs = append(jobs, rj)
+		}
+		for _, s := range ss {
+			steps = append(steps, registry.Step{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs,
+				Cgroup:    devfilter.Cgroup{ID: s.CgroupID, Path: s.Cgroup},
+				AuditOnly: s.Flags&store.StepFlagAuditOnly != 0, Adopted: s.Flags&store.StepFlagAdopted != 0})
+		}
+		from = "the pinned store " + d.cfg.PinDir
+	} else {
+		saved, _, err := statefile.Read(d.cfg.StateFile)
+		if err != nil {
+			d.log.Error("saved agent state unreadable; running jobs are recovered from slurmctld", "err", err)
+		}
+		if saved != nil {
+			for _, sj := range saved.Jobs {
+				jobs = append(jobs, registry.Job{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, Broken: sj.Broken, NoProlog: sj.NoProlog,
+					Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: unconfirmed(sj.Unconfirmed), Dir: sj.Dir, Created: sj.Created})
+				for _, ss := range sj.Steps {
+					steps = append(steps, registry.Step{JobID: sj.ID, StepID: ss.ID, UID: ss.UID, GPUs: ss.GPUs,
+						Cgroup: devfilter.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}, AuditOnly: ss.AuditOnly, Adopted: ss.Adopted})
+				}
+			}
+			from = "the state file " + d.cfg.StateFile
+		}
+	}
+	d.reg.Restore(jobs, steps)
+	if d.store != nil && d.store.Created && len(jobs) > 0 {
+		// From an older agent's state file: into the store from now on.
+		d.reg.WriteAll()
+	}
+	for _, s := range steps {
+		d.watchStep(s.Cgroup)
+	}
+	if n := len(d.reg.Jobs()); n > 0 {
+		d.log.Info("restored jobs", "jobs", n, "steps", len(steps), "from", from)
+	}
+}
+
+// beforeEnforce runs with each filter loaded and not yet enforcing: the
+// recorded steps' entries (again: a crash may have come between a record
+// and its entry), then the adopted jobs'.
+func (d *Daemon) beforeEnforce(f Filter) error {
+	for _, s := range d.reg.Steps() {
+		if id, err := jobcgroup.ID(s.Cgroup.Path); err != nil || id != s.Cgroup.ID {
+			continue // gone: reconcile releases it
+		}
+		var p devfilter.Policy
+		if set, err := d.table.Devices(s.GPUs); err == nil {
+			p = devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
+		}
+		p.AuditOnly = s.AuditOnly
+		if err := f.Set(s.Cgroup, p); err != nil {
+			d.log.Error("restore a step's kernel entry", "job_id", s.JobID, "cgroup", s.Cgroup.Path, "err", err)
+		}
+	}
+	d.adoptMu.Lock()
+	plan := d.adoptions
+	d.adoptions = nil
+	d.adoptMu.Unlock()
+	d.adopter.Apply(plan, f.Set)
 	return nil
 }
 
-// refreshExemptLocked keeps an allow-all entry for each exempt child of the
-// scope (slurmd, system) and drops entries of ones that vanished.
-func (d *Daemon) refreshExemptLocked() {
-	if d.filter == nil || d.filter.Mode() == devfilter.ModePerCgroup {
-		return
+// unconfirmed is a state file's unconfirmed mode; anything but audit-only
+// (a damaged or hand-edited file) reads as deny.
+func unconfirmed(s string) string {
+	switch s {
+	case "":
+		return ""
+	case registry.UnconfirmedAuditOnly:
+		return s
 	}
-	for _, name := range d.cfg.ExemptCgroups {
-		dir := filepath.Join(d.scope, name)
-		id, err := jobcgroup.ID(dir)
-		old, had := d.exempts[name]
-		if had && (err != nil || id != old.ID) {
-			if err := d.filter.Remove(old); err != nil {
-				d.log.Error("remove exempt entry", keyCgroup, old.Path, "err", err)
-			}
-			delete(d.exempts, name)
-			delete(d.owners, old.ID)
-			had = false
-		}
-		if err != nil || had {
-			continue
-		}
-		cg := devfilter.Cgroup{ID: id, Path: dir}
-		if err := d.filter.Set(cg, devfilter.Policy{AllowAll: true}); err != nil {
-			d.log.Error("set exempt entry", keyCgroup, dir, "err", err)
-			continue
-		}
-		d.exempts[name] = cg
-		d.owners[id] = owner{exempt: name}
-		d.log.Info("exempt cgroup keeps all devices", keyCgroup, dir)
+	return registry.UnconfirmedDeny
+}
+
+func (d *Daemon) snapshot() statefile.File {
+	st := statefile.File{Scope: d.enf.Scope(), Jobs: []statefile.Job{}}
+	byJob := map[uint32][]statefile.Step{}
+	for _, s := range d.reg.Steps() {
+		byJob[s.JobID] = append(byJob[s.JobID], statefile.Step{ID: s.StepID, UID: s.UID, CgroupID: s.Cgroup.ID, Cgroup: s.Cgroup.Path, GPUs: s.GPUs,
+			AuditOnly: s.AuditOnly, Adopted: s.Adopted})
 	}
+	for _, j := range d.reg.Jobs() {
+		st.Jobs = append(st.Jobs, statefile.Job{ID: j.ID, UID: j.UID, GPUs: j.GPUs, Broken: j.Broken, NoProlog: j.NoProlog,
+			Recovered: j.Recovered, Adopted: j.Adopted, Unconfirmed: j.Unconfirmed, Dir: j.Dir, Created: j.Created, Steps: byJob[j.ID]})
+	}
+	return st
+}
+
+func (d *Daemon) policyMode() string {
+	if d.auditOnly.Load() {
+		return audit.ModeAuditOnly
+	}
+	return audit.ModeEnforce
 }
 
 // Handle answers one plugin request.
-func (d *Daemon) Handle(_ context.Context, peer server.Peer, req *pb.Request) *pb.Response {
-	var resp *pb.Response
-	var err error
-	switch m := req.Msg.(type) {
-	case *pb.Request_JobProlog:
-		err = d.jobProlog(m.JobProlog)
-		resp = &pb.Response{}
-	case *pb.Request_StepStart:
-		resp, err = d.stepStart(peer, m.StepStart)
-	case *pb.Request_StepEnd:
-		d.stepEnd(m.StepEnd.GetJobId(), m.StepEnd.GetStepId())
-		resp = &pb.Response{}
-	case *pb.Request_JobEpilog:
-		d.jobEpilog(m.JobEpilog.GetJobId())
-		resp = &pb.Response{}
-	default:
-		err = errors.New("empty or unknown request (plugin newer than agent?)")
-	}
-	if err != nil {
-		return &pb.Response{Error: err.Error()}
-	}
-	return resp
+func (d *Daemon) Handle(ctx context.Context, p peer.Peer, req *pb.Request) *pb.Response {
+	return d.h.Handle(ctx, p, req)
 }
 
-func (d *Daemon) jobProlog(m *pb.JobProlog) error {
-	j := &job{Job: policy.Job{ID: m.GetJobId(), UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}, created: time.Now()}
-	log := d.log.With(keyJob, j.ID, keyUID, j.UID)
-	if m.JobGpus != nil {
-		gpus, err := policy.ParseGPUList(m.GetJobGpus())
-		if err != nil {
-			j.broken = fmt.Sprintf("job %d: SLURM_JOB_GPUS from the job prolog: %v", j.ID, err)
-		}
-		for _, g := range gpus {
-			if _, ok := d.gpus[g]; !ok {
-				j.broken = fmt.Sprintf("job %d was given GPU %d, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", j.ID, g)
-			}
-		}
-		if j.broken == "" {
-			j.GPUs = gpus
-		}
-	}
-	d.mu.Lock()
-	if old, ok := d.jobs[j.ID]; ok {
-		// A requeued job runs its prolog again; keep its live steps.
-		j.steps = old.steps
-	}
-	d.jobs[j.ID] = j
-	d.saveLocked()
-	d.mu.Unlock()
-	if j.broken != "" {
-		log.Error("job prolog recorded with an unusable GPU list; its GPU steps will be refused", "reason", j.broken)
-		return nil
-	}
-	log.Info("job prolog recorded", "gpus", policy.FormatGPUList(j.GPUs))
-	return nil
-}
+// Reconcile runs one reconcile pass (agent/reconcile).
+func (d *Daemon) Reconcile() { d.rc.Pass() }
 
-func (d *Daemon) stepStart(peer server.Peer, m *pb.StepStart) (*pb.Response, error) {
-	jobID, stepID := m.GetJobId(), m.GetStepId()
-	name := fmt.Sprintf("%d.%s", jobID, policy.StepName(stepID))
-	log := d.log.With(keyJob, jobID, keyStep, policy.StepName(stepID), keyUID, m.GetUid())
-
-	// Where the step lives: from slurmstepd's own cgroup, and every task pid
-	// must be in the same step.
-	lookupFailed := func(err error) error {
-		d.lifecycle(audit.EventLookupFailed, audit.SeverityError, "the step's cgroup could not be found; the step is refused", func(r *audit.Record) {
-			r.JobID, r.StepID, r.UID, r.User, r.PID, r.Error = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid()), uint32(peer.PID), err.Error()
-		})
-		return err
-	}
-	loc, err := jobcgroup.ForPID(d.mount, peer.PID, d.cfg.Scope)
-	if err != nil {
-		return nil, lookupFailed(fmt.Errorf("step %s: cannot place slurmstepd in Slurm's cgroup tree (%v); gpufence needs CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup", name, err))
-	}
-	for _, pid := range m.GetTaskPids() {
-		tl, err := jobcgroup.ForPID(d.mount, int(pid), d.cfg.Scope)
-		if err != nil {
-			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d: %v", name, pid, err))
-		}
-		if tl.Step != loc.Step {
-			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d is in %s, not in its step's cgroup %s", name, pid, tl.Step, loc.Step))
-		}
-	}
-	cgID, err := jobcgroup.ID(loc.Step)
-	if err != nil {
-		return nil, lookupFailed(fmt.Errorf("step %s: %v", name, err))
-	}
-	cg := devfilter.Cgroup{ID: cgID, Path: loc.Step}
-	st, err := d.settings.get()
-	if err != nil {
-		return nil, fmt.Errorf("step %s: %v", name, err)
-	}
-
-	d.mu.Lock()
-	_, known := d.jobs[jobID]
-	d.mu.Unlock()
-	if !known && d.cfg.RecoverFromSlurmctld {
-		d.recoverJob(jobID, m.GetUid())
-	}
-
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err := d.attachLocked(loc.Scope); err != nil {
-		return nil, fmt.Errorf("step %s: %v", name, err)
-	}
-	// Slurm makes its stepd parking cgroup when the first step starts.
-	d.refreshExemptLocked()
-	j := d.jobs[jobID]
-	var pj *policy.Job
-	if j != nil {
-		if j.UID != m.GetUid() {
-			return nil, fmt.Errorf("step %s runs as uid %d but the job's prolog recorded uid %d", name, m.GetUid(), j.UID)
-		}
-		if j.broken != "" {
-			return nil, errors.New(j.broken)
-		}
-		if !j.noProlog {
-			pj = &j.Job
-		}
-	}
-	dec, err := policy.ForStep(pj, jobID, stepID, m.StepGpus)
-	if err != nil {
-		return nil, err
-	}
-	if why := d.untrustedTable(); why != "" && len(dec.GPUs) > 0 {
-		return nil, fmt.Errorf("step %s: %s", name, why)
-	}
-	if dec.Note != "" {
-		log.Warn(dec.Note)
-	}
-	set, err := policy.DevicesFor(d.table, dec.GPUs)
-	if err != nil {
-		return nil, fmt.Errorf("step %s: %v", name, err)
-	}
-	p := devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
-	if j != nil {
-		if prev := j.steps[stepID]; prev != nil && prev.cg.ID == cg.ID && slices.Equal(prev.gpus, dec.GPUs) {
-			return d.stepResponse(dec.GPUs, st), nil
-		}
-	}
-	if err := d.filter.Set(cg, p); err != nil {
-		return nil, fmt.Errorf("step %s: cannot install its GPU policy: %v", name, err)
-	}
-	if j == nil {
-		// No prolog (CPU-only use only, see policy.ForStep): keep a record
-		// so the step's entry is removed when it ends.
-		j = &job{Job: policy.Job{ID: jobID, UID: m.GetUid(), GPUs: []int{}}, steps: map[uint32]*step{}, noProlog: true, created: time.Now()}
-		d.jobs[jobID] = j
-		d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, dec.Note, func(r *audit.Record) {
-			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid())
-		})
-	}
-	j.steps[stepID] = &step{jobID: jobID, stepID: stepID, uid: m.GetUid(), cg: cg, gpus: dec.GPUs}
-	j.dir = loc.Job
-	d.owners[cg.ID] = owner{jobID: jobID, stepID: stepID, uid: m.GetUid()}
-	d.saveLocked()
-	log.Info("step policy applied", "gpus", policy.FormatGPUList(dec.GPUs), keyCgroup, cg.Path)
-	d.lifecycle(audit.EventPolicyApplied, audit.SeverityInfo,
-		fmt.Sprintf("job %d step %s may open GPUs [%s]", jobID, policy.StepName(stepID), policy.FormatGPUList(dec.GPUs)), func(r *audit.Record) {
-			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(m.GetUid()), d.users.get(m.GetUid())
-			r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, dec.GPUs...), cg.Path, cg.ID, d.policyMode()
-		})
-	return d.stepResponse(dec.GPUs, st), nil
-}
-
-// recoverJob asks slurmctld for the GPUs of a job the agent has no prolog
-// record of, and records them as its trusted list; either way it is audited.
-func (d *Daemon) recoverJob(jobID, uid uint32) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	gpus, found, err := slurm.JobGPUsFromController(ctx, d.cfg.SlurmConf, jobID, d.cfg.NodeName)
-	msg := ""
-	switch {
-	case err != nil:
-		msg = fmt.Sprintf("job %d has no prolog record and slurmctld could not be asked (%v); its steps get no GPU", jobID, err)
-	case !found:
-		msg = fmt.Sprintf("job %d has no prolog record and slurmctld lists no allocation of it on %s; its steps get no GPU", jobID, d.cfg.NodeName)
-	}
-	var broken string
-	for _, g := range gpus {
-		if _, ok := d.gpus[g]; !ok {
-			broken = fmt.Sprintf("job %d holds GPU %d per slurmctld, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", jobID, g)
-		}
-	}
-	if msg != "" {
-		d.log.Warn(msg, keyJob, jobID)
-		d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, msg, func(r *audit.Record) {
-			r.JobID, r.UID, r.User = jobID, audit.UID(uid), d.users.get(uid)
-		})
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.jobs[jobID]; ok {
-		return // a prolog raced us
-	}
-	j := &job{Job: policy.Job{ID: jobID, UID: uid, GPUs: gpus}, broken: broken, steps: map[uint32]*step{}, created: time.Now()}
-	if broken != "" {
-		j.GPUs = []int{}
-	}
-	d.jobs[jobID] = j
-	d.saveLocked()
-	msg = fmt.Sprintf("job %d had no prolog record; its trusted GPU list [%s] was recovered from slurmctld", jobID, policy.FormatGPUList(gpus))
-	d.log.Warn(msg, keyJob, jobID)
-	d.lifecycle(audit.EventJobWithoutProlog, audit.SeverityWarning, msg, func(r *audit.Record) {
-		r.JobID, r.UID, r.User, r.GPUs = jobID, audit.UID(uid), d.users.get(uid), append([]int{}, gpus...)
-	})
-}
-
-func (d *Daemon) stepResponse(gpus []int, st slurm.Settings) *pb.Response {
-	r := &pb.Response{SlurmLocalIndices: st.LocalGPUIndices()}
-	for _, g := range gpus {
-		r.Gpus = append(r.Gpus, uint32(g))
-	}
-	return r
-}
-
-func (d *Daemon) stepEnd(jobID, stepID uint32) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	j := d.jobs[jobID]
-	if j == nil || j.steps[stepID] == nil {
-		return
-	}
-	d.removeStepLocked(j, j.steps[stepID], "step ended")
-	d.saveLocked()
-}
-
-func (d *Daemon) jobEpilog(jobID uint32) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	j := d.jobs[jobID]
-	if j == nil {
-		return
-	}
-	for _, s := range j.steps {
-		d.removeStepLocked(j, s, "job ended")
-	}
-	delete(d.jobs, jobID)
-	d.saveLocked()
-	d.log.Info("job released", keyJob, jobID)
-}
-
-func (d *Daemon) removeStepLocked(j *job, s *step, why string) {
-	if d.filter != nil {
-		if err := d.filter.Remove(s.cg); err != nil {
-			d.log.Error("remove step policy", keyJob, s.jobID, keyStep, policy.StepName(s.stepID), keyCgroup, s.cg.Path, "err", err)
-		}
-	}
-	delete(j.steps, s.stepID)
-	delete(d.owners, s.cg.ID)
-	d.supp.mu.Lock()
-	if d.supp.forget == nil {
-		d.supp.forget = map[uint64]owner{}
-	}
-	d.supp.forget[s.cg.ID] = owner{jobID: s.jobID, stepID: s.stepID, uid: s.uid}
-	d.supp.mu.Unlock()
-	d.log.Info("step policy removed", keyJob, s.jobID, keyStep, policy.StepName(s.stepID), "reason", why)
-	d.lifecycle(audit.EventPolicyReleased, audit.SeverityInfo, fmt.Sprintf("job %d step %s released (%s)", s.jobID, policy.StepName(s.stepID), why), func(r *audit.Record) {
-		r.JobID, r.StepID, r.UID, r.User = s.jobID, policy.StepName(s.stepID), audit.UID(s.uid), d.users.get(s.uid)
-		r.Cgroup, r.CgroupID, r.Reason = s.cg.Path, s.cg.ID, why
-		r.GPUs = append([]int{}, s.gpus...)
-	})
-}
-
-// Reconcile removes the entries of step cgroups that no longer exist (a
-// slurmstepd that died without its exit callback) and refreshes the exempt
-// entries.
-func (d *Daemon) Reconcile() {
-	d.ingestFailOpen()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	changed := false
-	for _, j := range d.jobs {
-		for _, s := range j.steps {
-			if id, err := jobcgroup.ID(s.cg.Path); err != nil || id != s.cg.ID {
-				d.removeStepLocked(j, s, "step cgroup vanished")
-				changed = true
-			}
-		}
-	}
-	// A job whose epilog never came (agent down then, or the epilog
-	// failed): once it has no step left and its cgroup is gone, or it never
-	// had a step for an hour, its record goes too.
-	for id, j := range d.jobs {
-		if len(j.steps) > 0 {
-			continue
-		}
-		gone := false
-		if j.dir != "" {
-			_, err := os.Stat(j.dir)
-			gone = err != nil
-		} else {
-			gone = !j.created.IsZero() && time.Since(j.created) > time.Hour
-		}
-		if gone {
-			delete(d.jobs, id)
-			changed = true
-			d.log.Info("job record dropped: no step left and its cgroup is gone (its epilog never reached the agent)", keyJob, id)
-		}
-	}
-	if changed {
-		d.saveLocked()
-	}
-	d.sweepOrphansLocked()
-	if d.filter == nil {
-		if scope := d.findScope(); scope != "" {
-			if err := d.attachLocked(scope); err != nil {
-				d.log.Error("attach device filter", "err", err)
-			}
-		}
-		return
-	}
-	d.refreshExemptLocked()
-}
-
-// Run reconciles periodically until ctx ends, then detaches the filter.
+// Run reconciles and flushes the audit counters periodically until ctx
+// ends, then closes the agent.
 func (d *Daemon) Run(ctx context.Context) error {
-	t := time.NewTicker(d.cfg.ReconcileInterval.Duration)
-	defer t.Stop()
+	done := make(chan struct{})
+	go func() { d.rc.Run(ctx, d.cfg.ReconcileInterval.Duration); close(done) }()
 	flush := time.NewTicker(d.cfg.Audit.FlushInterval.Duration)
 	defer flush.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			<-done
 			return d.Close()
-		case <-t.C:
-			d.Reconcile()
 		case <-flush.C:
-			d.mu.Lock()
-			f := d.filter
-			d.mu.Unlock()
-			if f != nil {
-				d.flushAudit(f)
+			if f := d.enf.Filter(); f != nil {
+				d.ev.Flush(f)
 			}
 		}
 	}
 }
 
-// Healthy returns once the daemon's state lock could be taken; the systemd
-// watchdog pings only after it returns, so a wedged agent gets restarted.
+// Healthy returns once the records and the filter can be reached; the
+// systemd watchdog pings only after it returns, so a wedged agent gets
+// restarted.
 func (d *Daemon) Healthy() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.reg.Counts()
+	d.enf.Scope()
 }
 
 // SetAuditOnly switches between enforcing and audit-only at run time.
 func (d *Daemon) SetAuditOnly(on bool) error {
 	d.auditOnly.Store(on)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.filter == nil {
-		return nil
-	}
-	return d.filter.SetAuditOnly(on)
+	return d.enf.SetAuditOnly(on)
 }
 
-// Close detaches the filter and waits for the event reader.
+// Close stops the loops, writes the state a last time, flushes the audit
+// counters and detaches the filter (with pin_dir its pins keep enforcing).
 func (d *Daemon) Close() error {
-	d.mu.Lock()
-	f := d.filter
-	d.filter = nil
-	d.mu.Unlock()
-	if f == nil {
-		return nil
-	}
-	d.flushAudit(f)
-	err := f.Close()
-	d.events.Wait()
+	var err error
+	d.closeOnce.Do(func() {
+		if d.persistStop != nil {
+			d.persistStop()
+			<-d.persistDone
+		}
+		if f := d.enf.Detach(); f != nil {
+			d.ev.Flush(f)
+			err = f.Close()
+		}
+		d.ev.Close()
+		if d.watch != nil {
+			d.watch.Close()
+		}
+		if d.store != nil {
+			err = errors.Join(err, d.store.Close())
+		}
+	})
 	return err
 }
 
-// readEvents records each access the kernel reported, attributed to its
-// job, step and user.
-func (d *Daemon) readEvents(f Filter) {
-	defer d.events.Done()
-	for {
-		ev, err := f.ReadEvent()
-		if err != nil {
-			if !errors.Is(err, devfilter.ErrClosed) {
-				d.log.Error("device filter event reader stopped", "err", err)
-			}
-			return
+// SetInventory checks Slurm's GPU table against the GPUs the NVIDIA driver
+// reports, logs and audits each mismatch, and returns them. Call it once,
+// before serving requests. When a mismatch is an error, the agent fails
+// closed: every step that would get a GPU is refused with the reason,
+// while CPU-only steps still run and the agent stays reachable for
+// gpufence status and doctor.
+func (d *Daemon) SetInventory(gpus []inventory.GPU) []inventory.Mismatch {
+	ids, ms := d.table.CheckNVML(gpus)
+	for _, id := range ids {
+		g, n := id.GPU, id.NVML
+		attrs := []any{"gpu", g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor),
+			"nvml_index", n.Index, "uuid", n.UUID, "bus_id", n.PCIBusID, "name", n.Name, "mig", migSummary(n)}
+		if id.MIG != nil {
+			attrs = append(attrs, "caps", g.CapsMinors(), "mig_uuid", id.MIG.UUID, "mig_profile", id.MIG.Profile)
 		}
-		d.mu.Lock()
-		o, known := d.owners[ev.CgroupID]
-		d.mu.Unlock()
-		key := devfilter.RateKey{CgroupID: ev.CgroupID, Major: ev.Major, Minor: ev.Minor, Decision: ev.Decision}
-		r := d.accessRecord(ev, o, known, d.supp.take(key, ev.Suppressed))
-		d.rec.Emit(r)
-		attrs := []any{"decision", r.Decision, "pid", ev.TGID, "comm", ev.Comm, keyUID, ev.UID,
-			"device", fmt.Sprintf("%d:%d", ev.Major, ev.Minor), "access", ev.Access.String(), "cgroup_id", ev.CgroupID}
-		if r.GPU != nil {
-			attrs = append(attrs, keyGPU, r.GPU.Index)
-		}
-		if r.StepID != "" {
-			attrs = append(attrs, keyJob, r.JobID, keyStep, r.StepID)
-		} else if !known {
-			attrs = append(attrs, "note", "cgroup has no policy entry (job without a registered step)")
-		}
-		if ev.Decision == devfilter.DecisionAllowed {
-			d.log.Info("GPU access allowed", attrs...)
-		} else {
-			d.log.Warn("GPU access "+r.Decision, attrs...)
-		}
+		d.log.Info("gpu identified by NVML", attrs...)
 	}
+	for _, m := range ms {
+		sev, msg := audit.SeverityWarning, "Slurm's GPU table (gres.conf) and the NVIDIA driver disagree; GPUs are still given out"
+		if m.Severity == inventory.SeverityError {
+			d.log.Error("GPU table mismatch", "kind", m.Kind, "detail", m.Message)
+			sev, msg = audit.SeverityError, "Slurm's GPU table (gres.conf) does not match the NVIDIA driver; steps that ask for a GPU are refused"
+		} else {
+			d.log.Warn("GPU table warning", "kind", m.Kind, "detail", m.Message)
+		}
+		d.rec.Emit(audit.Record{Event: audit.EventGPUTableMismatch, Severity: sev, Message: msg, Error: string(m.Kind) + ": " + m.Message})
+	}
+	if why := d.table.Untrusted(); why != "" {
+		d.log.Error("Slurm's GPU table does not match the NVIDIA driver; failing closed: steps that ask for a GPU are refused, CPU-only steps run", "mismatches", len(inventory.Errors(ms)))
+	}
+	return ms
+}
+
+func migSummary(g inventory.GPU) string {
+	if !g.MIGEnabled {
+		return "off"
+	}
+	s := fmt.Sprintf("on, %d devices", len(g.MIG))
+	for _, m := range g.MIG {
+		s += fmt.Sprintf(" [%s gi%d/ci%d %s caps %d/%d]", m.Profile, m.GI, m.CI, m.UUID, m.GICapMinor, m.CICapMinor)
+	}
+	return s
+}
+
+// Table is the node's GPU table.
+func (d *Daemon) Table() *gputable.Table { return d.table }
+
+// Registry is the node's records (for metrics and dcgm job mapping).
+func (d *Daemon) Registry() *registry.Registry { return d.reg }
+
+// Counts is what the agent holds now, for gauges.
+type Counts struct {
+	Jobs  int // jobs with a record (prolog, recovered or restored)
+	Steps int // step policies in the kernel
+	// Exempt counts allow-all entries of Slurm's own cgroups (system, slurmd).
+	Exempt int
+	// FilterAttached is false until Slurm's scope exists or when attaching
+	// failed; then GPU steps are refused.
+	FilterAttached bool
+}
+
+// Counts returns the agent's current jobs, steps and filter state.
+func (d *Daemon) Counts() Counts {
+	c := d.reg.Counts()
+	return Counts{Jobs: c.Jobs, Steps: c.Steps, Exempt: c.Exempt, FilterAttached: d.enf.Filter() != nil}
 }
 
 // Version is logged at start.
 func Version() string { return version.Version }
+
+// settingsCache re-reads slurm.conf and cgroup.conf only when either
+// changed, so a slurmd restarted with another ConstrainDevices is followed
+// without an agent restart and without reading files on every step.
+type settingsCache struct {
+	path string
+
+	mu    sync.Mutex
+	stamp [2]time.Time
+	val   slurm.Settings
+	ok    bool
+}
+
+// Get returns the settings, re-read when the files changed.
+func (c *settingsCache) Get() (slurm.Settings, error) {
+	stamp := [2]time.Time{mtime(c.path), mtime(filepath.Join(filepath.Dir(c.path), "cgroup.conf"))}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ok && stamp == c.stamp {
+		return c.val, nil
+	}
+	v, err := slurm.ReadSettings(c.path)
+	if err != nil {
+		return v, err
+	}
+	c.val, c.stamp, c.ok = v, stamp, true
+	return v, nil
+}
+
+func mtime(path string) time.Time {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return time.Time{}
+	}
+	return fi.ModTime()
+}

@@ -20,8 +20,10 @@ import (
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/policy"
-	"github.com/gpufence/gpufence/agent/server"
+	"github.com/gpufence/gpufence/agent/recovery"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
@@ -48,6 +50,7 @@ func init() {
 
 type tree struct {
 	rec               *memRecorder
+	ctld              *fakeCtld
 	t                 *testing.T
 	root, scope, gres string
 	dev               string
@@ -71,7 +74,7 @@ func newTree(t *testing.T) *tree {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := &tree{t: t, rec: &memRecorder{}, root: root, scope: filepath.Join(root, "system.slice", "tn_slurmstepd.scope"), dev: t.TempDir()}
+	tr := &tree{t: t, rec: &memRecorder{}, ctld: &fakeCtld{}, root: root, scope: filepath.Join(root, "system.slice", "tn_slurmstepd.scope"), dev: t.TempDir()}
 	t.Cleanup(tr.remove)
 	for _, d := range []string{"system", "slurmd"} {
 		tr.mkdir(d)
@@ -162,14 +165,24 @@ func (tr *tree) expect(dir string, allowed ...int) {
 }
 
 func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
+	return tr.daemonWith(mode, nil)
+}
+
+// daemonWith starts a daemon on the tree, with edit applied to its
+// configuration; tr.ctld answers for slurmctld from the start.
+func (tr *tree) daemonWith(mode devfilter.Mode, edit func(*config.Config)) (*Daemon, *logBuffer) {
 	cfg := config.Default()
 	cfg.SlurmConf = filepath.Join(tr.gres, "slurm.conf")
 	cfg.Scope = tr.scope
 	cfg.PinDir = ""
 	cfg.StateFile = filepath.Join(tr.t.TempDir(), "state.json")
 	cfg.FailOpenSpool = ""
+	if edit != nil {
+		edit(&cfg)
+	}
 	buf := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(buf, testWriter{tr.t}), nil))
+	jobSource = func(config.Config) recovery.JobSource { return tr.ctld }
 	d, err := New(cfg, log, NewKernelFilter(devfilter.Options{Mode: mode, NvidiaMajor: 195, Logger: log, AuditAllowed: devfilter.AuditAllowedNone}), 195, tr.rec)
 	if err != nil {
 		tr.t.Fatal(err)
@@ -192,6 +205,8 @@ type memRecorder struct {
 	mu   sync.Mutex
 	recs []audit.Record
 	lost uint64
+	// rateFull sums ReportRateFull.
+	rateFull uint64
 }
 
 func (m *memRecorder) Emit(r audit.Record) {
@@ -204,6 +219,14 @@ func (m *memRecorder) ReportLoss(n uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lost += n
+}
+
+func (m *memRecorder) ReportRateFull(byDecision map[string]uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, n := range byDecision {
+		m.rateFull += n
+	}
 }
 
 func (m *memRecorder) records(ev audit.Event) []audit.Record {
@@ -230,7 +253,7 @@ func call(d *Daemon, pid int, msg any) *pb.Response {
 	case *pb.JobEpilog:
 		req.Msg = &pb.Request_JobEpilog{JobEpilog: m}
 	}
-	return d.Handle(nil, server.Peer{PID: pid}, req)
+	return d.Handle(nil, peer.Peer{PID: pid}, req)
 }
 
 func ptr(s string) *string { return &s }
@@ -281,10 +304,7 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 	}
 
 	tr.expect(task1, 2)
-	d.mu.Lock()
-	f := d.filter
-	d.mu.Unlock()
-	d.flushAudit(f)
+	d.flush()
 	deadline := time.Now().Add(5 * time.Second)
 	var denied []audit.Record
 	for time.Now().Before(deadline) {
@@ -340,31 +360,30 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 	}
 
 	// Step end removes the entry: the step's cgroup fails closed again
-	// (scope mode) or loses its filter (per-cgroup mode).
+	// (scope mode: no entry; per-cgroup mode: a deny-all entry while the
+	// cgroup lives, for a task that outlives its step).
 	call(d, 0, &pb.StepEnd{JobId: 1, StepId: 0})
-	if mode == devfilter.ModeScope {
-		tr.expect(task1)
-	}
+	tr.expect(task1)
 	call(d, 0, &pb.JobEpilog{JobId: 2})
 	call(d, 0, &pb.JobEpilog{JobId: 3})
 	call(d, 0, &pb.JobEpilog{JobId: 1})
-	d.mu.Lock()
-	owners, jobs := len(d.owners), len(d.jobs)
-	d.mu.Unlock()
+	steps, exempt := d.owned()
+	jobs := len(d.reg.Jobs())
 	if n := len(tr.rec.records(audit.EventPolicyReleased)); n != 4 {
 		t.Errorf("%d policy_released records, want 4", n)
 	}
 	if n := len(tr.rec.records(audit.EventLookupFailed)); n != 1 {
 		t.Errorf("%d lookup_failed records, want 1 (the foreign task pid)", n)
 	}
-	if want := len(d.exempts); owners != want || jobs != 1 {
-		t.Errorf("after epilogs: %d owners (want the %d exempt ones), %d jobs (want job 6 only: its epilog never came)", owners, want, jobs)
+	if steps != 0 || jobs != 1 {
+		t.Errorf("after epilogs: %d steps (want none, beside the %d exempt cgroups), %d jobs (want job 6 only: its epilog never came)", steps, exempt, jobs)
 	}
 	_ = step1
 }
 
 // TestPrivilegedReconcileRemovesVanishedStep: a step whose cgroup disappears
-// without a step end (slurmstepd killed) loses its entry at the next pass.
+// without a step end (slurmstepd killed) loses its entry at the next pass;
+// the job's record goes only once slurmctld says the job has ended.
 func TestPrivilegedReconcileRemovesVanishedStep(t *testing.T) {
 	tr := newTree(t)
 	d, _ := tr.daemon(devfilter.ModeAuto)
@@ -384,16 +403,24 @@ func TestPrivilegedReconcileRemovesVanishedStep(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	tr.ctld.set(1, slurm.ControllerJob{ID: 1, UID: 1000, State: "RUNNING", OnNode: true, GPUs: []int{0}}, nil)
 	d.Reconcile()
-	d.mu.Lock()
-	j, owners := d.jobs[1], len(d.owners)
-	d.mu.Unlock()
-	// The step and, its cgroup being gone, the job whose epilog never came.
-	if j != nil {
-		t.Errorf("job record left after its cgroup vanished: %d steps", len(j.steps))
+	j, js, ok := d.job(1)
+	if !ok || len(js) != 0 {
+		t.Fatalf("job record after its step and cgroup vanished while slurmctld says it runs: %+v %v, want kept with no step", j, js)
 	}
-	if owners != len(d.exempts) {
-		t.Errorf("%d owners left, want only the exempt ones", owners)
+	if steps, _ := d.owned(); steps != 0 {
+		t.Errorf("%d steps left, want none", steps)
+	}
+	// The job ended without its epilog reaching the agent.
+	tr.ctld.set(1, slurm.ControllerJob{}, slurm.ErrJobUnknown)
+	d.reg.SetCheck(1, time.Time{}, 0)
+	d.Reconcile()
+	if _, _, ok := d.job(1); ok {
+		t.Errorf("job record left after slurmctld said the job is gone")
+	}
+	if n := tr.ctld.calls(1); n != 2 {
+		t.Errorf("slurmctld asked %d times about job 1, want 2", n)
 	}
 }
 
@@ -408,7 +435,7 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
-	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
+	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string, func(Filter) error) (Filter, error) {
 		return nil, errors.New("no filter in this test")
 	}, 195, nil)
 	if err != nil {
@@ -421,37 +448,8 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 	if r := call(d, 0, &pb.JobProlog{JobId: 1, JobGpus: ptr("0,x")}); r.Error != "" {
 		t.Errorf("a bad prolog list is recorded as broken, not refused: %q", r.Error)
 	}
-	if !strings.Contains(d.jobs[1].broken, "SLURM_JOB_GPUS") {
-		t.Errorf("broken = %q", d.jobs[1].broken)
+	if j, _, _ := d.job(1); !strings.Contains(j.Broken, "SLURM_JOB_GPUS") {
+		t.Errorf("broken = %q", j.Broken)
 	}
 	_ = time.Second
-}
-
-func TestIngestFailOpen(t *testing.T) {
-	dir := t.TempDir()
-	spool := filepath.Join(dir, "failopen.jsonl")
-	lines := `{"time":"2026-11-29T09:00:00Z","job_id":7,"step_id":"0","uid":0,"node":"n1","reason":"connect: no such file or directory"}
-{"time":"2026-11-29T09:00:01Z","job_id":8,"step_id":"batch","uid":0,"node":"n1","reason":"no answer within 10s"}
-`
-	os.WriteFile(spool, []byte(lines), 0o600)
-	rec := &memRecorder{}
-	d := &Daemon{cfg: config.Config{FailOpenSpool: spool}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rec: rec}
-	d.ingestFailOpen()
-	got := rec.records(audit.EventStepUnfiltered)
-	if len(got) != 2 || got[0].JobID != 7 || got[1].StepID != "batch" || got[0].Reason == "" || !strings.Contains(got[0].Message, "WITHOUT GPU isolation") {
-		t.Fatalf("records %+v", got)
-	}
-	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
-		t.Errorf("spool not consumed: %v", left)
-	}
-	d.ingestFailOpen() // nothing twice
-	if n := len(rec.records(audit.EventStepUnfiltered)); n != 2 {
-		t.Errorf("%d records after a second pass", n)
-	}
-	// A bad line keeps the file for a person to look at.
-	os.WriteFile(spool, []byte("not json\n"), 0o600)
-	d.ingestFailOpen()
-	if left, _ := filepath.Glob(filepath.Join(dir, "*.ingest")); len(left) != 1 {
-		t.Errorf("bad spool not kept: %v", left)
-	}
 }

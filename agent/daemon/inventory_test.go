@@ -43,7 +43,7 @@ func TestSetInventory(t *testing.T) {
 		cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 		cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 		cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
-		d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), func(string) (Filter, error) {
+		d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), func(string, func(Filter) error) (Filter, error) {
 			return nil, errors.New("no filter in this test")
 		}, 195, nil)
 		if err != nil {
@@ -71,11 +71,11 @@ func TestSetInventory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs strings.Builder
 			d := newDaemon(&logs)
-			if _, ok := d.GPUUUID(0); ok || d.untrustedTable() != "" {
+			if _, ok := d.table.UUID(0); ok || d.table.Untrusted() != "" {
 				t.Fatal("inventory known before SetInventory")
 			}
 			d.SetInventory(tc.gpus)
-			if got := d.untrustedTable(); (tc.untrusted == "") != (got == "") || !strings.Contains(got, tc.untrusted) {
+			if got := d.table.Untrusted(); (tc.untrusted == "") != (got == "") || !strings.Contains(got, tc.untrusted) {
 				t.Errorf("untrusted = %q, want %q", got, tc.untrusted)
 			}
 			for _, l := range tc.logs {
@@ -83,14 +83,15 @@ func TestSetInventory(t *testing.T) {
 					t.Errorf("log lacks %q:\n%s", l, logs.String())
 				}
 			}
-			uuid, _ := d.GPUUUID(0)
+			uuid, _ := d.table.UUID(0)
 			if tc.uuidOfIdx0 != "" && uuid != tc.uuidOfIdx0 {
 				t.Errorf("GPUUUID(0) = %q, want %q", uuid, tc.uuidOfIdx0)
 			}
-			// The audit record of an access to /dev/nvidia3 names the UUID.
-			r := d.accessRecord(devfilter.Event{Major: 195, Minor: 3, Decision: devfilter.DecisionDenied}, owner{}, false, 0)
-			if r.GPU == nil || r.GPU.Index != 0 || r.GPU.UUID != tc.uuidOfIdx0 {
-				t.Errorf("access record GPU %+v, want index 0 uuid %q", r.GPU, tc.uuidOfIdx0)
+			// An access to /dev/nvidia3 is GPU index 0, with that UUID.
+			g, _, ok := d.table.Of(195, 3, nil)
+			uuid, _ = d.table.UUID(g.Index)
+			if !ok || g.Index != 0 || uuid != tc.uuidOfIdx0 {
+				t.Errorf("device 195:3 is GPU %+v uuid %q, want index 0 uuid %q", g, uuid, tc.uuidOfIdx0)
 			}
 		})
 	}
@@ -172,7 +173,7 @@ func TestSetInventoryMIGSlice(t *testing.T) {
 		{name: "MIG off", untrusted: "whose MIG mode is off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
+			d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string, func(Filter) error) (Filter, error) {
 				return nil, errors.New("no filter in this test")
 			}, 195, nil)
 			if err != nil {
@@ -184,13 +185,13 @@ func TestSetInventoryMIGSlice(t *testing.T) {
 				gpus[1].MIG = []inventory.MIGDevice{{UUID: "MIG-slice", Profile: "3g.40gb", GI: 1, CI: 0, GICapMinor: 147, CICapMinor: 148}}
 			}
 			d.SetInventory(gpus)
-			if got, _ := d.GPUUUID(1); got != tc.uuid {
+			if got, _ := d.table.UUID(1); got != tc.uuid {
 				t.Errorf("GPUUUID(1) = %q, want %q", got, tc.uuid)
 			}
-			if got, _ := d.GPUUUID(0); got != gpus[0].UUID {
+			if got, _ := d.table.UUID(0); got != gpus[0].UUID {
 				t.Errorf("GPUUUID(0) = %q", got)
 			}
-			if got := d.untrustedTable(); !strings.Contains(got, tc.untrusted) || (tc.untrusted == "") != (got == "") {
+			if got := d.table.Untrusted(); !strings.Contains(got, tc.untrusted) || (tc.untrusted == "") != (got == "") {
 				t.Errorf("untrusted = %q, want %q", got, tc.untrusted)
 			}
 		})

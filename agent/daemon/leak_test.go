@@ -98,6 +98,8 @@ type countRecorder struct {
 	mu   sync.Mutex
 	n    map[string]int
 	lost uint64
+	// rateFull sums ReportRateFull.
+	rateFull uint64
 }
 
 func (c *countRecorder) Emit(r audit.Record) {
@@ -117,6 +119,14 @@ func (c *countRecorder) ReportLoss(n uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.lost += n
+}
+
+func (c *countRecorder) ReportRateFull(byDecision map[string]uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range byDecision {
+		c.rateFull += n
+	}
 }
 
 func (c *countRecorder) get(k string) int {
@@ -217,18 +227,24 @@ func snapshot(t *testing.T, d *Daemon, f *devfilter.Filter, pinDir, stateFile st
 	}
 	s.rate = len(rate)
 	s.pins = countDir(t, pinDir)
-	d.mu.Lock()
-	s.jobs, s.owners, s.exempts = len(d.jobs), len(d.owners), len(d.exempts)
-	d.mu.Unlock()
-	d.supp.mu.Lock()
-	s.suppReported, s.suppForget = len(d.supp.reported), len(d.supp.forget)
-	d.supp.mu.Unlock()
-	st, _, err := statefile.Read(stateFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st != nil {
-		s.stateJobs = len(st.Jobs)
+	c := d.reg.Counts()
+	s.jobs, s.owners, s.exempts = c.Jobs, c.Steps+c.Exempt, c.Exempt
+	s.suppReported, s.suppForget = d.ev.Tracked()
+	// The state file is written off the request path: wait for it to show
+	// what the registry holds.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, _, err := statefile.Read(stateFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st != nil {
+			s.stateJobs = len(st.Jobs)
+		}
+		if s.stateJobs == s.jobs || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	s.goroutines = settledGoroutines()
 	runtime.GC()
@@ -382,21 +398,16 @@ func TestPrivilegedStepCycles(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		d.Reconcile()
-		d.mu.Lock()
-		f := d.filter
-		d.mu.Unlock()
-		d.flushAudit(f)
+		d.flush()
 	}
 
 	for i := 0; i < leakWarmup; i++ {
 		cycle(i)
 	}
 	settle(leakWarmup)
-	d.mu.Lock()
-	kf, ok := d.filter.(*devfilter.Filter)
-	d.mu.Unlock()
+	kf, ok := d.filter().(*devfilter.Filter)
 	if !ok {
-		t.Fatalf("filter is %T, want *devfilter.Filter", d.filter)
+		t.Fatalf("filter is %T, want *devfilter.Filter", d.filter())
 	}
 	base := snapshot(t, d, kf, pinDir, cfg.StateFile)
 

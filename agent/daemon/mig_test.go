@@ -140,10 +140,7 @@ func testDaemonMIG(t *testing.T, mode devfilter.Mode) {
 		tr.expectNodes(filepath.Join(tr.scope, "slurmd"), migNodes...)
 	}
 
-	d.mu.Lock()
-	f := d.filter
-	d.mu.Unlock()
-	d.flushAudit(f)
+	d.flush()
 	var rec *audit.Record
 	for deadline := time.Now().Add(5 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		for _, r := range tr.rec.records(audit.EventGPUAccess) {
@@ -184,7 +181,7 @@ func TestMIGNeedsCapsMajor(t *testing.T) {
 	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
-	_, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
+	_, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string, func(Filter) error) (Filter, error) {
 		return nil, errors.New("no filter in this test")
 	}, 195, nil)
 	if err == nil || !strings.Contains(err.Error(), "gres.conf:2") || !strings.Contains(err.Error(), "nvidia-caps major is unknown") {

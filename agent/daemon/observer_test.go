@@ -10,32 +10,38 @@ import (
 	"testing"
 
 	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/registry"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
 
-// lastAllocations keeps what the daemon published last.
+// lastAllocations keeps what the registry published last.
 type lastAllocations struct {
 	mu    sync.Mutex
 	calls int
-	last  []Allocation
+	last  []registry.Job
+	d     *Daemon
 }
 
-func (l *lastAllocations) Allocations(a []Allocation) {
+func (l *lastAllocations) observe(jobs []registry.Job) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.calls++
-	l.last = a
+	l.last = jobs
 }
 
-// summary is one line per job and GPU.
+// summary is one line per job and GPU of a usable trusted list.
 func (l *lastAllocations) summary() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []string
-	for _, a := range l.last {
-		for _, g := range a.GPUs {
-			out = append(out, fmtAlloc(a.JobID, a.UID, g.Index, g.Minor))
+	for _, j := range l.last {
+		if j.Broken != "" || j.NoProlog {
+			continue
+		}
+		for _, idx := range j.GPUs {
+			g, _ := l.d.table.GPU(idx)
+			out = append(out, fmtAlloc(j.ID, j.UID, g.Index, g.Minor))
 		}
 	}
 	return out
@@ -66,8 +72,8 @@ func TestPrivilegedObserverFollowsJobs(t *testing.T) {
 		return d
 	}
 	d := start()
-	obs := &lastAllocations{}
-	d.SetObserver(obs)
+	obs := &lastAllocations{d: d}
+	d.reg.SetObserver(obs.observe)
 	if obs.calls != 1 || len(obs.summary()) != 0 {
 		t.Fatalf("at SetObserver: %d calls, %v", obs.calls, obs.summary())
 	}
@@ -84,8 +90,8 @@ func TestPrivilegedObserverFollowsJobs(t *testing.T) {
 
 	d = start()
 	defer d.Close()
-	again := &lastAllocations{}
-	d.SetObserver(again)
+	again := &lastAllocations{d: d}
+	d.reg.SetObserver(again.observe)
 	if got := again.summary(); !slices.Equal(got, want) {
 		t.Errorf("restored: %v, want %v", got, want)
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpufence/gpufence/agent/audit"
-	"github.com/gpufence/gpufence/agent/daemon"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
 )
@@ -33,9 +32,9 @@ type holding struct {
 	reported  bool // a gpu_idle record went out for this idle spell
 }
 
-// Allocations implements daemon.Observer: it keeps the newest set and wakes
-// the loop, never blocking the daemon.
-func (e *Exporter) Allocations(a []daemon.Allocation) {
+// Allocations takes the complete set after every change of the agent's
+// jobs: it keeps the newest and wakes the loop, never blocking the caller.
+func (e *Exporter) Allocations(a []Allocation) {
 	e.mu.Lock()
 	e.allocs = a
 	e.mu.Unlock()

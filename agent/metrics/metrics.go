@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/gpufence/gpufence/agent/audit"
-	"github.com/gpufence/gpufence/agent/daemon"
+	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/jobmap"
 	"github.com/gpufence/gpufence/agent/version"
@@ -76,6 +76,7 @@ type Exporter struct {
 	kernelLost atomic.Uint64
 	reqDur     *prometheus.HistogramVec
 	reqs       *prometheus.CounterVec
+	shed       prometheus.Counter
 	sampleErrs prometheus.Counter
 	idleEvents prometheus.Counter
 
@@ -84,7 +85,7 @@ type Exporter struct {
 	state stateCollector
 
 	mu     sync.Mutex
-	allocs []daemon.Allocation
+	allocs []Allocation
 	wake   chan struct{}
 
 	// Owned by the loop (Run, or a test calling refresh/sample directly).
@@ -112,6 +113,7 @@ const (
 	nameAuditSink       = "gpufence_audit_sink_records_total"
 	nameReqDuration     = "gpufence_request_duration_seconds"
 	nameRequests        = "gpufence_requests_total"
+	nameShed            = "gpufence_requests_shed_total"
 	nameAllocated       = "gpufence_job_gpu_allocated"
 	nameUtilization     = "gpufence_job_gpu_utilization_ratio"
 	nameMemUsed         = "gpufence_job_gpu_memory_used_bytes"
@@ -164,14 +166,19 @@ func New(o Options) *Exporter {
 		Help: "GPU accesses the kernel counted without a record of their own (rate limit, audit.allowed: first); they are in gpufence_gpu_access_total too.",
 	})
 	e.reqDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    nameReqDuration,
-		Help:    "Time the agent took to answer one SPANK plugin request, by request type.",
-		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		Name: nameReqDuration,
+		Help: "Time the agent took to answer one SPANK plugin request, by request type.",
+		// Fine below a millisecond, where a step start's answer should be.
+		Buckets: []float64{.00005, .0001, .00025, .0005, .00075, .001, .0015, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"type"})
 	e.reqs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: nameRequests,
 		Help: "SPANK plugin requests answered, by type and result (ok, or refused with an error).",
 	}, []string{"type", "result"})
+	e.shed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: nameShed,
+		Help: "Connections the agent closed unanswered because every one of its connection slots stayed busy (the plugin then tries once more).",
+	})
 	for _, t := range requestTypes() {
 		e.reqDur.WithLabelValues(t)
 		e.reqs.WithLabelValues(t, resultOK)
@@ -193,7 +200,7 @@ func New(o Options) *Exporter {
 	e.memUsed = gauge(nameMemUsed, "Memory in use on the job's GPU, in bytes (the whole GPU: it is the job's alone).")
 	e.memTotal = gauge(nameMemTotal, "Memory of the job's GPU, in bytes.")
 	e.idle = gauge(nameIdle, "Seconds the job's GPU has stayed below metrics.idle_threshold utilization; 0 while busy.")
-	e.reg.MustRegister(buildInfo, e.accessVec, e.suppressed, e.reqDur, e.reqs, e.sampleErrs, e.idleEvents,
+	e.reg.MustRegister(buildInfo, e.accessVec, e.suppressed, e.reqDur, e.reqs, e.shed, e.sampleErrs, e.idleEvents,
 		e.allocated, e.util, e.memUsed, e.memTotal, e.idle, &e.state,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return e
@@ -202,19 +209,25 @@ func New(o Options) *Exporter {
 // Registry is the exporter's own registry.
 func (e *Exporter) Registry() *prometheus.Registry { return e.reg }
 
-// Daemon is what the exporter follows; *daemon.Daemon implements it.
-type Daemon interface {
-	SetObserver(o daemon.Observer)
-	Counts() daemon.Counts
+// Counts is what the agent holds, read at scrape time.
+type Counts struct {
+	Jobs, Steps, Exempt int
+	FilterAttached      bool
 }
 
-// Follow reads d's jobs, steps and filter state at scrape time and its GPU
-// allocations as they change.
-func (e *Exporter) Follow(d Daemon) {
+// Allocation is one job's trusted GPUs on this node: what the per-job
+// series and dcgm-exporter's job mapping attribute a GPU to.
+type Allocation struct {
+	JobID, UID uint32
+	GPUs       []devices.GPU
+}
+
+// Follow reads the agent's counts at scrape time; its allocations come
+// through Allocations as they change.
+func (e *Exporter) Follow(counts func() Counts) {
 	e.mu.Lock()
-	e.state.daemon = d
+	e.state.counts = counts
 	e.mu.Unlock()
-	d.SetObserver(e)
 }
 
 // healthTimeout is how long /healthz waits for the daemon's state.

@@ -19,11 +19,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpufence/gpufence/agent/audit"
-	"github.com/gpufence/gpufence/agent/daemon"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/jobmap"
-	"github.com/gpufence/gpufence/agent/server"
+	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/slurm"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
@@ -50,9 +49,10 @@ func (f *fakeSampler) set(err error, us ...inventory.Usage) {
 }
 
 type records struct {
-	mu   sync.Mutex
-	recs []audit.Record
-	lost uint64
+	mu       sync.Mutex
+	recs     []audit.Record
+	lost     uint64
+	rateFull uint64
 }
 
 func (r *records) Emit(rec audit.Record) {
@@ -62,6 +62,12 @@ func (r *records) Emit(rec audit.Record) {
 }
 
 func (r *records) ReportLoss(n uint64) { r.lost += n }
+
+func (r *records) ReportRateFull(m map[string]uint64) {
+	for _, n := range m {
+		r.rateFull += n
+	}
+}
 
 func (r *records) all() []audit.Record {
 	r.mu.Lock()
@@ -78,8 +84,8 @@ func gpu(index int, minor uint32) devices.GPU {
 	return devices.GPU{GPU: slurm.GPU{Index: index, Path: fmt.Sprintf("/dev/nvidia%d", minor)}, Major: 195, Minor: minor}
 }
 
-func alloc(job, uid uint32, gpus ...devices.GPU) daemon.Allocation {
-	return daemon.Allocation{JobID: job, UID: uid, GPUs: gpus}
+func alloc(job, uid uint32, gpus ...devices.GPU) Allocation {
+	return Allocation{JobID: job, UID: uid, GPUs: gpus}
 }
 
 func users(uid uint32) string {
@@ -142,7 +148,7 @@ func one(t *testing.T, reg *prometheus.Registry, name string, want map[string]st
 
 func TestAllocationSeriesFollowJobs(t *testing.T) {
 	e := New(Options{UserName: users})
-	e.Allocations([]daemon.Allocation{alloc(12, 1001, gpu(1, 1), gpu(3, 3)), alloc(13, 4242, gpu(0, 0))})
+	e.Allocations([]Allocation{alloc(12, 1001, gpu(1, 1), gpu(3, 3)), alloc(13, 4242, gpu(0, 0))})
 	e.refresh()
 	reg := e.Registry()
 	if v := one(t, reg, nameAllocated, map[string]string{"job_id": "12", "user": "alice", "gpu": "3", "uuid": ""}); v != 1 {
@@ -159,7 +165,7 @@ func TestAllocationSeriesFollowJobs(t *testing.T) {
 			t.Errorf("%s: %d series without NVML", name, n)
 		}
 	}
-	e.Allocations([]daemon.Allocation{alloc(13, 4242, gpu(0, 0))})
+	e.Allocations([]Allocation{alloc(13, 4242, gpu(0, 0))})
 	e.refresh()
 	if n := len(series(t, reg, nameAllocated, map[string]string{"job_id": "12"})); n != 0 {
 		t.Errorf("job 12 ended but %d of its series remain", n)
@@ -190,7 +196,7 @@ func TestIdleSecondsAndAuditRecord(t *testing.T) {
 	}
 	lbl := map[string]string{"job_id": "12", "user": "alice", "gpu": "1", "uuid": uuid}
 	smp.set(nil, usage(0))
-	e.Allocations([]daemon.Allocation{alloc(12, 1001, gpu(1, 1))})
+	e.Allocations([]Allocation{alloc(12, 1001, gpu(1, 1))})
 	tick(0)
 	if v := one(t, reg, nameIdle, lbl); v != 0 {
 		t.Errorf("idle at the first idle sample = %v, want 0", v)
@@ -251,7 +257,7 @@ func TestIdleAuditOff(t *testing.T) {
 	rec := &records{}
 	e := New(Options{Sampler: smp, IdleAuditAfter: 0, Audit: rec, Now: clk.now})
 	smp.set(nil, inventory.Usage{Minor: 0, UtilizationKnown: true})
-	e.Allocations([]daemon.Allocation{alloc(5, 0, gpu(0, 0))})
+	e.Allocations([]Allocation{alloc(5, 0, gpu(0, 0))})
 	for range 5 {
 		clk.advance(time.Hour)
 		e.sample()
@@ -270,7 +276,7 @@ func TestSampleFailures(t *testing.T) {
 	smp := &fakeSampler{}
 	e := New(Options{Sampler: smp})
 	reg := e.Registry()
-	e.Allocations([]daemon.Allocation{alloc(7, 0, gpu(0, 0), gpu(1, 1))})
+	e.Allocations([]Allocation{alloc(7, 0, gpu(0, 0), gpu(1, 1))})
 	smp.set(nil,
 		inventory.Usage{Minor: 0, UtilizationGPU: 80, UtilizationKnown: true, MemoryTotal: 1},
 		// MIG mode: NVML reports no utilization, so no idle verdict.
@@ -317,26 +323,27 @@ func TestTapCountsAccessesNotRecords(t *testing.T) {
 	tp.Emit(audit.Record{Event: audit.EventGPUAccess, Decision: audit.DecisionWouldDeny})
 	tp.Emit(audit.Record{Event: audit.EventPolicyApplied, JobID: 3})
 	tp.ReportLoss(2)
+	tp.ReportRateFull(map[string]uint64{audit.DecisionDenied: 10, audit.DecisionAllowed: 1})
 	reg := e.Registry()
-	for decision, want := range map[string]float64{"denied": 6, "allowed": 3, "would-deny": 1} {
+	for decision, want := range map[string]float64{"denied": 16, "allowed": 4, "would-deny": 1} {
 		if v := one(t, reg, nameAccess, map[string]string{"decision": decision}); v != want {
 			t.Errorf("%s{decision=%q} = %v, want %v", nameAccess, decision, v, want)
 		}
 	}
-	if v := one(t, reg, nameSuppressed, nil); v != 7 {
-		t.Errorf("suppressed %v, want 7", v)
+	if v := one(t, reg, nameSuppressed, nil); v != 18 {
+		t.Errorf("suppressed %v, want 18", v)
 	}
 	if v := one(t, reg, nameAuditLost, map[string]string{"where": "kernel"}); v != 2 {
 		t.Errorf("kernel loss %v, want 2", v)
 	}
-	if len(next.all()) != 5 || next.lost != 2 {
-		t.Errorf("the tap passed on %d records and %d lost, want 5 and 2", len(next.all()), next.lost)
+	if len(next.all()) != 5 || next.lost != 2 || next.rateFull != 11 {
+		t.Errorf("the tap passed on %d records, %d lost and %d rate_full, want 5, 2 and 11", len(next.all()), next.lost, next.rateFull)
 	}
 }
 
 type handlerFunc func(*pb.Request) *pb.Response
 
-func (f handlerFunc) Handle(_ context.Context, _ server.Peer, r *pb.Request) *pb.Response {
+func (f handlerFunc) Handle(_ context.Context, _ peer.Peer, r *pb.Request) *pb.Response {
 	return f(r)
 }
 
@@ -348,9 +355,9 @@ func TestInstrument(t *testing.T) {
 		}
 		return &pb.Response{}
 	}))
-	h.Handle(context.Background(), server.Peer{}, &pb.Request{Msg: &pb.Request_JobProlog{JobProlog: &pb.JobProlog{JobId: 3}}})
-	h.Handle(context.Background(), server.Peer{}, &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{JobId: 3}}})
-	h.Handle(context.Background(), server.Peer{}, &pb.Request{})
+	h.Handle(context.Background(), peer.Peer{}, &pb.Request{Msg: &pb.Request_JobProlog{JobProlog: &pb.JobProlog{JobId: 3}}})
+	h.Handle(context.Background(), peer.Peer{}, &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{JobId: 3}}})
+	h.Handle(context.Background(), peer.Peer{}, &pb.Request{})
 	reg := e.Registry()
 	for _, c := range []struct {
 		typ, result string
@@ -365,24 +372,19 @@ func TestInstrument(t *testing.T) {
 	}
 }
 
-type fakeDaemon struct {
-	obs    daemon.Observer
-	counts daemon.Counts
+// follow is what the agent's wiring does: counts at scrape time, and the
+// allocations as they are.
+func follow(e *Exporter, c Counts) {
+	e.Follow(func() Counts { return c })
+	e.Allocations([]Allocation{alloc(9, 0, gpu(2, 2))})
 }
-
-func (f *fakeDaemon) SetObserver(o daemon.Observer) {
-	f.obs = o
-	o.Allocations([]daemon.Allocation{alloc(9, 0, gpu(2, 2))})
-}
-func (f *fakeDaemon) Counts() daemon.Counts { return f.counts }
 
 func TestStateAtScrape(t *testing.T) {
 	e := New(Options{AuditStats: func() audit.Stats {
-		return audit.Stats{Emitted: 40, QueueDropped: 2, Sinks: map[string]audit.SinkStats{
+		return audit.Stats{Emitted: 40, QueueDropped: 2, RateFull: 5, Sinks: map[string]audit.SinkStats{
 			"file": {Written: 38, Failed: 1, Dropped: 1}, "syslog": {Written: 39, Dropped: 1}}}
 	}})
-	d := &fakeDaemon{counts: daemon.Counts{Jobs: 2, Steps: 3, Exempt: 2, FilterAttached: true}}
-	e.Follow(d)
+	follow(e, Counts{Jobs: 2, Steps: 3, Exempt: 2, FilterAttached: true})
 	e.refresh()
 	reg := e.Registry()
 	checks := []struct {
@@ -393,6 +395,7 @@ func TestStateAtScrape(t *testing.T) {
 		{nameJobs, nil, 2}, {namePolicies, map[string]string{"kind": "step"}, 3}, {namePolicies, map[string]string{"kind": "exempt"}, 2},
 		{nameFilterAttached, nil, 1}, {nameAuditRecords, nil, 40},
 		{nameAuditLost, map[string]string{"where": "queue"}, 2}, {nameAuditLost, map[string]string{"where": "sink"}, 3},
+		{nameAuditLost, map[string]string{"where": "rate_table"}, 5},
 		{nameAuditSink, map[string]string{"sink": "file", "result": "failed"}, 1},
 		{nameAuditSink, map[string]string{"sink": "syslog", "result": "written"}, 39},
 		{nameAllocated, map[string]string{"job_id": "9"}, 1},
@@ -424,7 +427,7 @@ func populated(t *testing.T) *Exporter {
 	clk := &clock{t: time.Unix(1e9, 0)}
 	e := New(Options{Sampler: smp, IdleAuditAfter: time.Second, Audit: &records{}, Now: clk.now,
 		AuditStats: func() audit.Stats { return audit.Stats{Sinks: map[string]audit.SinkStats{"file": {}}} }})
-	e.Follow(&fakeDaemon{})
+	follow(e, Counts{})
 	smp.set(nil, inventory.Usage{Minor: 2, UUID: "GPU-x", UtilizationKnown: true})
 	e.sample()
 	e.refresh()
@@ -437,7 +440,7 @@ func populated(t *testing.T) *Exporter {
 	e.sample()
 	e.apply()
 	e.Tap(&records{}).Emit(audit.Record{Event: audit.EventGPUAccess, Decision: audit.DecisionDenied, Suppressed: 1})
-	e.Instrument(handlerFunc(func(*pb.Request) *pb.Response { return &pb.Response{} })).Handle(context.Background(), server.Peer{}, &pb.Request{})
+	e.Instrument(handlerFunc(func(*pb.Request) *pb.Response { return &pb.Response{} })).Handle(context.Background(), peer.Peer{}, &pb.Request{})
 	return e
 }
 
@@ -496,7 +499,7 @@ func TestJobMapFollowsJobs(t *testing.T) {
 		}
 		return out
 	}
-	e.Allocations([]daemon.Allocation{alloc(21, 0, gpu(0, 0), gpu(1, 1)), alloc(22, 0, gpu(2, 2))})
+	e.Allocations([]Allocation{alloc(21, 0, gpu(0, 0), gpu(1, 1)), alloc(22, 0, gpu(2, 2))})
 	e.sample()
 	e.refresh()
 	if got := fmt.Sprint(read()); got != "map[0:21\n 1:21\n 2:22\n]" {
@@ -509,7 +512,7 @@ func TestJobMapFollowsJobs(t *testing.T) {
 	if got := fmt.Sprint(read()); got != "map[0:21\n 1:22\n 2:21\n]" {
 		t.Errorf("with NVML: %q", got)
 	}
-	e.Allocations([]daemon.Allocation{alloc(22, 0, gpu(2, 2))})
+	e.Allocations([]Allocation{alloc(22, 0, gpu(2, 2))})
 	e.refresh()
 	if got := fmt.Sprint(read()); got != "map[1:22\n]" {
 		t.Errorf("after job 21 ended: %q", got)
@@ -522,7 +525,7 @@ func TestRunFollowsAllocations(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
-	e.Allocations([]daemon.Allocation{alloc(31, 0, gpu(0, 0))})
+	e.Allocations([]Allocation{alloc(31, 0, gpu(0, 0))})
 	deadline := time.Now().Add(5 * time.Second)
 	for len(series(t, e.Registry(), nameAllocated, map[string]string{"job_id": "31"})) == 0 {
 		if time.Now().After(deadline) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/server"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
@@ -49,9 +50,9 @@ type instrumented struct {
 	e    *Exporter
 }
 
-func (i instrumented) Handle(ctx context.Context, peer server.Peer, req *pb.Request) *pb.Response {
+func (i instrumented) Handle(ctx context.Context, p peer.Peer, req *pb.Request) *pb.Response {
 	start := time.Now()
-	resp := i.next.Handle(ctx, peer, req)
+	resp := i.next.Handle(ctx, p, req)
 	t := requestType(req)
 	i.e.reqDur.WithLabelValues(t).Observe(time.Since(start).Seconds())
 	result := resultOK
@@ -61,3 +62,6 @@ func (i instrumented) Handle(ctx context.Context, peer server.Peer, req *pb.Requ
 	i.e.reqs.WithLabelValues(t, result).Inc()
 	return resp
 }
+
+// Shed counts a connection the server closed unanswered (server.Limit).
+func (e *Exporter) Shed() { e.shed.Inc() }

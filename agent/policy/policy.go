@@ -5,9 +5,9 @@ package policy
 
 import (
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"slices"
 	"strconv"
-	"strings"
 )
 
 // Slurm's special step ids (slurm.h).
@@ -16,9 +16,6 @@ const (
 	BatchStep       uint32 = 0xfffffffb
 	ExternStep      uint32 = 0xfffffffc
 )
-
-// maxGPUIndex bounds what a GPU list may name; a node has far fewer GPUs.
-const maxGPUIndex = 1023
 
 // StepName renders a step id the way Slurm prints it.
 func StepName(step uint32) string {
@@ -39,41 +36,6 @@ func StepName(step uint32) string {
 // from the user and is ignored.
 func WholeJobStep(step uint32) bool {
 	return step == BatchStep || step == ExternStep || step == InteractiveStep
-}
-
-// ParseGPUList parses a Slurm GPU index list such as "0,2" or "0-3,6"
-// into ascending, de-duplicated indices. The empty string is the empty list.
-func ParseGPUList(s string) ([]int, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return []int{}, nil
-	}
-	var out []int
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
-		if !isRange {
-			hi = lo
-		}
-		a, err1 := strconv.Atoi(lo)
-		b, err2 := strconv.Atoi(hi)
-		if err1 != nil || err2 != nil || a < 0 || b < a || b > maxGPUIndex {
-			return nil, fmt.Errorf("bad GPU index %q in %q", part, s)
-		}
-		for i := a; i <= b; i++ {
-			out = append(out, i)
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
-}
-
-// FormatGPUList renders indices as Slurm does ("0,2").
-func FormatGPUList(gpus []int) string {
-	parts := make([]string, len(gpus))
-	for i, g := range gpus {
-		parts[i] = strconv.Itoa(g)
-	}
-	return strings.Join(parts, ",")
 }
 
 // Job is what the agent knows of a job on this node from its prolog.
@@ -98,7 +60,7 @@ func ForStep(job *Job, jobID, stepID uint32, stepGPUs *string) (Decision, error)
 	var requested []int
 	if !WholeJobStep(stepID) && stepGPUs != nil {
 		var err error
-		if requested, err = ParseGPUList(*stepGPUs); err != nil {
+		if requested, err = gpulist.Parse(*stepGPUs); err != nil {
 			return Decision{}, fmt.Errorf("SLURM_STEP_GPUS of step %d.%s: %w", jobID, StepName(stepID), err)
 		}
 	}
@@ -122,7 +84,7 @@ func ForStep(job *Job, jobID, stepID uint32, stepGPUs *string) (Decision, error)
 		}
 	}
 	if len(outside) > 0 {
-		d.Note = fmt.Sprintf("step asked for GPUs %s outside the job's trusted list %q; they stay denied", FormatGPUList(outside), FormatGPUList(job.GPUs))
+		d.Note = fmt.Sprintf("step asked for GPUs %s outside the job's trusted list %q; they stay denied", gpulist.Format(outside), gpulist.Format(job.GPUs))
 	}
 	return d, nil
 }

@@ -6,31 +6,6 @@ import (
 	"testing"
 )
 
-func TestParseGPUList(t *testing.T) {
-	tests := []struct {
-		in      string
-		want    []int
-		wantErr bool
-	}{
-		{"", []int{}, false},
-		{"0", []int{0}, false},
-		{"2,0,2", []int{0, 2}, false},
-		{"0-2,5", []int{0, 1, 2, 5}, false},
-		{" 1 , 3 ", []int{1, 3}, false},
-		{"x", nil, true},
-		{"-1", nil, true},
-		{"3-1", nil, true},
-		{"0,,1", nil, true},
-		{"99999", nil, true},
-	}
-	for _, tt := range tests {
-		got, err := ParseGPUList(tt.in)
-		if (err != nil) != tt.wantErr || (!tt.wantErr && !slices.Equal(got, tt.want)) {
-			t.Errorf("ParseGPUList(%q) = %v, %v; want %v, err=%v", tt.in, got, err, tt.want, tt.wantErr)
-		}
-	}
-}
-
 func ptr(s string) *string { return &s }
 
 func TestForStep(t *testing.T) {

@@ -16,22 +16,14 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/gpufence/gpufence/agent/peer"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 	"github.com/gpufence/gpufence/proto/wire"
 )
 
-// Peer is the connecting process as the kernel reports it.
-type Peer struct {
-	PID int
-	UID uint32
-	GID uint32
-}
-
 // Handler answers one request. The Response's Error is shown to the user.
 type Handler interface {
-	Handle(ctx context.Context, peer Peer, req *pb.Request) *pb.Response
+	Handle(ctx context.Context, p peer.Peer, req *pb.Request) *pb.Response
 }
 
 // Listen creates the socket at path, mode 0600 owned by root. A stale socket
@@ -78,12 +70,36 @@ type Server struct {
 	// production; the test user when tests run unprivileged).
 	uid uint32
 	wg  sync.WaitGroup
+
+	// slots bounds the connections served at once (one goroutine and one
+	// fd each); onShed is told of each connection closed unserved.
+	slots  chan struct{}
+	onShed func()
 }
+
+// MaxConns is how many connections the server serves at once by default:
+// far above what a node's steps send together (one per starting step),
+// far below the agent's fd limit.
+const MaxConns = 512
+
+// shedWait is how long an accepted connection waits for a free slot before
+// it is closed unserved: the plugin then tries once more.
+var shedWait = time.Second
 
 // New returns a server; timeout bounds reading a request and writing its
 // answer (the handler's own work is bounded by the context it gets).
 func New(ln *net.UnixListener, h Handler, log *slog.Logger, timeout time.Duration) *Server {
-	return &Server{ln: ln, h: h, log: log.With("component", "server"), timeout: timeout, uid: uint32(os.Geteuid())}
+	return &Server{ln: ln, h: h, log: log.With("component", "server"), timeout: timeout, uid: uint32(os.Geteuid()),
+		slots: make(chan struct{}, MaxConns), onShed: func() {}}
+}
+
+// Limit sets how many connections are served at once, and what is told of
+// each one closed unserved because none was free for shedWait.
+func (s *Server) Limit(max int, onShed func()) {
+	s.slots = make(chan struct{}, max)
+	if onShed != nil {
+		s.onShed = onShed
+	}
 }
 
 // Serve accepts until ctx ends, then waits for open exchanges.
@@ -99,23 +115,51 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
+		select {
+		case s.slots <- struct{}{}:
+		default:
+			if !s.waitSlot(ctx) {
+				// Closed unanswered: the plugin tries again, the agent's
+				// goroutines and fds stay bounded.
+				s.onShed()
+				c.Close()
+				s.log.Warn("connection shed: every slot busy", "max", cap(s.slots))
+				continue
+			}
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			defer func() { <-s.slots }()
 			s.serveConn(ctx, c)
 		}()
 	}
 }
 
+// waitSlot waits up to shedWait for a slot; the accept loop waits with it,
+// so connections queue in the kernel's backlog meanwhile.
+func (s *Server) waitSlot(ctx context.Context) bool {
+	t := time.NewTimer(shedWait)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
 func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 	conn := wire.NewConn(c)
 	defer conn.Close()
-	peer, err := peerOf(c)
+	p, err := peer.Of(c)
 	if err != nil {
 		s.log.Error("cannot read peer credentials; closing", "err", err)
 		return
 	}
-	log := s.log.With("peer_pid", peer.PID, "peer_uid", peer.UID)
+	defer p.Close()
+	log := s.log.With("peer_pid", p.PID, "peer_uid", p.UID)
 	// The request is read (size-capped, time-limited) before the peer is
 	// judged, so that a refused client gets the reason instead of a broken
 	// pipe; nothing of it is acted on unless the peer is root.
@@ -128,7 +172,7 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 		return
 	}
 	var resp *pb.Response
-	if peer.UID != 0 && peer.UID != s.uid {
+	if p.UID != 0 && p.UID != s.uid {
 		log.Warn("refused request from non-root peer")
 		resp = &pb.Response{Error: "permission denied: only root may talk to the gpufence agent"}
 	} else if req.GetVersion() != pb.ProtocolVersion_PROTOCOL_VERSION_1 {
@@ -136,28 +180,10 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 			req.GetVersion(), pb.ProtocolVersion_PROTOCOL_VERSION_1)}
 	} else {
 		hctx, cancel := context.WithTimeout(ctx, s.timeout)
-		resp = s.h.Handle(hctx, peer, req)
+		resp = s.h.Handle(hctx, p, req)
 		cancel()
 	}
 	if err := conn.Write(resp, time.Now().Add(s.timeout)); err != nil {
 		log.Warn("cannot send answer", "err", err)
 	}
-}
-
-func peerOf(c *net.UnixConn) (Peer, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return Peer{}, err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return Peer{}, err
-	}
-	if credErr != nil {
-		return Peer{}, credErr
-	}
-	return Peer{PID: int(cred.Pid), UID: cred.Uid, GID: cred.Gid}, nil
 }

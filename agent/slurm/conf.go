@@ -6,6 +6,7 @@ package slurm
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,30 +30,69 @@ func (l Line) Get(key string) (string, bool) {
 	return "", false
 }
 
-const maxIncludeDepth = 8
+// Bounds of one configuration read, includes and all: Slurm's own files
+// are far smaller, and a tree of includes (each file including the next
+// several times, or globs matching many) would otherwise be read
+// exponentially often within the depth bound.
+const (
+	maxIncludeDepth = 8
+	maxConfFiles    = 256
+	maxConfBytes    = 16 << 20
+)
+
+// fileSystem is where configuration files are read from: the machine
+// (osFiles), or in tests files held in memory.
+type fileSystem interface {
+	Open(name string) (io.ReadCloser, error)
+	Glob(pattern string) ([]string, error)
+}
+
+type osFiles struct{}
+
+func (osFiles) Open(name string) (io.ReadCloser, error) { return os.Open(name) }
+func (osFiles) Glob(pattern string) ([]string, error)   { return filepath.Glob(pattern) }
 
 // ReadLines parses a Slurm-style configuration file, following `include`
 // lines (relative paths are relative to the including file's folder, as Slurm
-// resolves them against the configuration directory).
+// resolves them against the configuration directory). At most 256 files and
+// 16 MiB are read, includes and all.
 func ReadLines(path string) ([]Line, error) {
-	return readLines(path, 0)
+	return readLines(osFiles{}, path)
 }
 
-func readLines(path string, depth int) ([]Line, error) {
+func readLines(fsys fileSystem, path string) ([]Line, error) {
+	r := &confReader{fsys: fsys}
+	return r.read(path, 0)
+}
+
+// confReader reads one file and its includes within the bounds.
+type confReader struct {
+	fsys  fileSystem
+	files int
+	bytes int
+}
+
+func (r *confReader) read(path string, depth int) ([]Line, error) {
 	if depth > maxIncludeDepth {
 		return nil, fmt.Errorf("%s: includes nested deeper than %d", path, maxIncludeDepth)
 	}
-	f, err := os.Open(path)
+	if r.files++; r.files > maxConfFiles {
+		return nil, fmt.Errorf("%s: more than %d files read (includes included again?)", path, maxConfFiles)
+	}
+	f, err := r.fsys.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	var lines []Line
 	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sc.Buffer(make([]byte, 4096), 1<<20)
 	no := 0
 	for sc.Scan() {
 		no++
+		if r.bytes += len(sc.Bytes()) + 1; r.bytes > maxConfBytes {
+			return nil, fmt.Errorf("%s:%d: more than %d bytes of configuration read, includes and all", path, no, maxConfBytes)
+		}
 		text := sc.Text()
 		if i := strings.IndexByte(text, '#'); i >= 0 {
 			text = text[:i]
@@ -69,7 +109,7 @@ func readLines(path string, depth int) ([]Line, error) {
 			if !filepath.IsAbs(inc) {
 				inc = filepath.Join(filepath.Dir(path), inc)
 			}
-			matches, err := filepath.Glob(inc)
+			matches, err := r.fsys.Glob(inc)
 			if err != nil {
 				return nil, fmt.Errorf("%s:%d: %w", path, no, err)
 			}
@@ -77,7 +117,7 @@ func readLines(path string, depth int) ([]Line, error) {
 				return nil, fmt.Errorf("%s:%d: include %s: %w", path, no, inc, os.ErrNotExist)
 			}
 			for _, m := range matches {
-				sub, err := readLines(m, depth+1)
+				sub, err := r.read(m, depth+1)
 				if err != nil {
 					return nil, fmt.Errorf("%s:%d: %w", path, no, err)
 				}
@@ -146,8 +186,12 @@ func (s Settings) LocalGPUIndices() bool {
 // ReadSettings reads slurm.conf at path and the cgroup.conf beside it (a
 // missing cgroup.conf means Slurm's defaults).
 func ReadSettings(path string) (Settings, error) {
+	return readSettings(osFiles{}, path)
+}
+
+func readSettings(fsys fileSystem, path string) (Settings, error) {
 	s := Settings{SlurmConf: path, GresConf: filepath.Join(filepath.Dir(path), "gres.conf")}
-	lines, err := ReadLines(path)
+	lines, err := readLines(fsys, path)
 	if err != nil {
 		return s, fmt.Errorf("read slurm.conf: %w", err)
 	}
@@ -160,7 +204,7 @@ func ReadSettings(path string) (Settings, error) {
 		}
 	}
 	cg := filepath.Join(filepath.Dir(path), "cgroup.conf")
-	lines, err = ReadLines(cg)
+	lines, err = readLines(fsys, cg)
 	switch {
 	case os.IsNotExist(err):
 	case err != nil:

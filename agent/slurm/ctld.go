@@ -1,70 +1,531 @@
 package slurm
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
-
-	"github.com/gpufence/gpufence/agent/policy"
+	"sync"
 )
 
-// JobGPUsFromController asks slurmctld, through `scontrol show job -d`,
-// which GPU indices job holds on node. It is the agent's second trusted
-// source (the first is the job prolog): slurmctld answers over Slurm's
-// authenticated RPC, nothing a job user can set. found is false when the job
-// has no allocation on node.
-func JobGPUsFromController(ctx context.Context, slurmConf string, jobID uint32, node string) (gpus []int, found bool, err error) {
-	cmd := exec.CommandContext(ctx, "scontrol", "show", "job", "-d", fmt.Sprint(jobID))
-	cmd.Env = append(os.Environ(), "SLURM_CONF="+slurmConf)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return nil, false, fmt.Errorf("scontrol show job -d %d: %v: %s", jobID, err, strings.TrimSpace(string(out)))
-	}
-	return ParseJobGPUs(string(out), node)
+// ControllerJob is slurmctld's view of one job on one node, read only from
+// output that no job user can steer: JSON (where every user-writable string
+// is an escaped value) or, for a release whose clients print no JSON, the
+// text of `scontrol show job -d` accepted only when its structure is
+// unambiguous.
+type ControllerJob struct {
+	ID uint32
+	// UID is the job's owner.
+	UID uint32
+	// State is Slurm's base job state (RUNNING, PENDING, COMPLETED, …).
+	State string
+	// OnNode is true when the job's allocation includes the node.
+	OnNode bool
+	// GPUs are the GPU indices the job holds on the node, ascending; empty
+	// for a CPU-only job or one not on the node.
+	GPUs []int
+	// Source names the output the view was read from, for audit records.
+	Source string
 }
 
-// ParseJobGPUs reads the per-node lines of `scontrol show job -d`
-// ("Nodes=n[1-2] CPU_IDs=0-1 Mem=0 GRES=gpu:a100:2(IDX:0-1)") for node.
-func ParseJobGPUs(out, node string) (gpus []int, found bool, err error) {
-	for _, line := range strings.Split(out, "\n") {
-		fields := strings.Fields(line)
-		if len(fields) == 0 || !strings.HasPrefix(fields[0], "Nodes=") {
+// Running reports whether the job's allocation on the node still exists:
+// slurmctld lists the node in it and the job has not ended or gone back to
+// the queue. A requeued job that runs again sends a new prolog.
+func (j ControllerJob) Running() bool {
+	if !j.OnNode {
+		return false
+	}
+	switch j.State {
+	case "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED", "RESIZING", "SIGNALING", "STAGE_OUT":
+		return true
+	}
+	return false
+}
+
+// ErrJobUnknown is slurmctld's answer for a job it does not know: it ended
+// long enough ago to be purged (MinJobAge), or never existed.
+var ErrJobUnknown = errors.New("slurmctld does not know the job (ended and purged, or never existed)")
+
+// AmbiguousError is returned when slurmctld's output could be read in more
+// than one way, which is what a job user who writes newlines into their job
+// name, comment or working directory can cause. The job gets no GPU from it.
+type AmbiguousError struct{ Reason string }
+
+func (e *AmbiguousError) Error() string {
+	return "slurmctld's output is ambiguous: " + e.Reason
+}
+
+func ambiguous(format string, a ...any) error {
+	return &AmbiguousError{Reason: fmt.Sprintf(format, a...)}
+}
+
+// errUnsupported marks a query form this Slurm's clients do not offer (no
+// --json before 23.02 for scontrol; no JSON serializer plugin installed).
+var errUnsupported = errors.New("not supported by this Slurm's clients")
+
+// maxOutput caps what the agent reads from one client command: squeue on
+// 22.05 prints every job of the cluster.
+const maxOutput = 256 << 20
+
+// Controller asks slurmctld about jobs with Slurm's own client commands,
+// which authenticate to slurmctld with munge like any other client.
+type Controller struct {
+	// SlurmConf is passed to the commands as SLURM_CONF.
+	SlurmConf string
+	// Node is this node's name in slurm.conf.
+	Node string
+	// BinDir holds scontrol and squeue; empty: <prefix>/bin when slurm.conf
+	// is <prefix>/etc/slurm.conf and scontrol is there (ParallelCluster's
+	// /opt/slurm), else PATH.
+	BinDir string
+
+	mu sync.Mutex
+	// from is the first query form to try, once one failed as unsupported.
+	from int
+}
+
+// queries are the forms tried in order: one job as JSON (23.02+), every job
+// as JSON (22.05's squeue ignores filters with --json), one job as text.
+var queries = []struct {
+	name string
+	run  func(c *Controller, ctx context.Context, id uint32) (ControllerJob, error)
+}{
+	{"scontrol --json show job", (*Controller).scontrolJSON},
+	{"squeue --json", (*Controller).squeueJSON},
+	{"scontrol show job -d", (*Controller).scontrolText},
+}
+
+// Job returns slurmctld's view of job id on c.Node. Errors: ErrJobUnknown,
+// *AmbiguousError, or why slurmctld could not be asked.
+func (c *Controller) Job(ctx context.Context, id uint32) (ControllerJob, error) {
+	c.mu.Lock()
+	from := c.from
+	c.mu.Unlock()
+	var errs []error
+	for i := from; i < len(queries); i++ {
+		j, err := queries[i].run(c, ctx, id)
+		if errors.Is(err, errUnsupported) {
+			errs = append(errs, fmt.Errorf("%s: %w", queries[i].name, err))
+			c.mu.Lock()
+			c.from = max(c.from, i+1)
+			c.mu.Unlock()
 			continue
 		}
-		match, err := hostMatches(strings.TrimPrefix(fields[0], "Nodes="), node)
+		if err == nil {
+			j.Source = queries[i].name
+		}
+		return j, err
+	}
+	return ControllerJob{}, fmt.Errorf("no way to ask slurmctld: %w", errors.Join(errs...))
+}
+
+func (c *Controller) bin(name string) string {
+	if c.BinDir != "" {
+		return filepath.Join(c.BinDir, name)
+	}
+	if c.SlurmConf != "" {
+		etc := filepath.Dir(c.SlurmConf)
+		if filepath.Base(etc) == "etc" {
+			p := filepath.Join(filepath.Dir(etc), "bin", name)
+			if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+				return p
+			}
+		}
+	}
+	return name
+}
+
+// run runs a Slurm client with an environment of its own: no variable of
+// the agent's (SQUEUE_FORMAT, SLURM_TIME_FORMAT, SLURM_CLUSTERS, …) may change
+// what it prints or whom it asks.
+func (c *Controller) run(ctx context.Context, name string, args ...string) (stdout, stderr []byte, err error) {
+	cmd := exec.CommandContext(ctx, c.bin(name), args...)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C", "LC_ALL=C"}
+	if c.SlurmConf != "" {
+		cmd.Env = append(cmd.Env, "SLURM_CONF="+c.SlurmConf)
+	}
+	var out, errb capped
+	out.max, errb.max = maxOutput, 64<<10
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	if out.over {
+		return nil, nil, fmt.Errorf("%s printed more than %d bytes", name, maxOutput)
+	}
+	return out.Bytes(), errb.Bytes(), err
+}
+
+// capped is a buffer that keeps at most max bytes and notes the overflow.
+type capped struct {
+	bytes.Buffer
+	max  int
+	over bool
+}
+
+func (b *capped) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > b.max {
+		b.over = true
+		return len(p), nil
+	}
+	return b.Buffer.Write(p)
+}
+
+func unknownJobText(b []byte) bool {
+	return bytes.Contains(b, []byte("Invalid job id specified"))
+}
+
+func (c *Controller) scontrolJSON(ctx context.Context, id uint32) (ControllerJob, error) {
+	out, stderr, err := c.run(ctx, "scontrol", "--json", "show", "job", strconv.FormatUint(uint64(id), 10))
+	if err != nil && len(bytes.TrimSpace(out)) == 0 {
+		switch {
+		case bytes.Contains(stderr, []byte("unrecognized option")), bytes.Contains(stderr, []byte("invalid option")),
+			bytes.Contains(stderr, []byte("plugin")) && bytes.Contains(stderr, []byte("JSON")):
+			return ControllerJob{}, fmt.Errorf("%w: %s", errUnsupported, firstLine(stderr))
+		case unknownJobText(stderr):
+			return ControllerJob{}, ErrJobUnknown
+		}
+		return ControllerJob{}, fmt.Errorf("scontrol --json show job %d: %v: %s", id, err, firstLine(stderr))
+	}
+	return ParseJobJSON(out, id, c.Node)
+}
+
+func (c *Controller) squeueJSON(ctx context.Context, id uint32) (ControllerJob, error) {
+	out, stderr, err := c.run(ctx, "squeue", "--json")
+	if err != nil && len(bytes.TrimSpace(out)) == 0 {
+		if bytes.Contains(stderr, []byte("unrecognized option")) || bytes.Contains(stderr, []byte("plugin")) {
+			return ControllerJob{}, fmt.Errorf("%w: %s", errUnsupported, firstLine(stderr))
+		}
+		return ControllerJob{}, fmt.Errorf("squeue --json: %v: %s", err, firstLine(stderr))
+	}
+	return ParseJobJSON(out, id, c.Node)
+}
+
+func (c *Controller) scontrolText(ctx context.Context, id uint32) (ControllerJob, error) {
+	out, stderr, err := c.run(ctx, "scontrol", "show", "job", "-d", strconv.FormatUint(uint64(id), 10))
+	if err != nil {
+		if unknownJobText(stderr) || unknownJobText(out) {
+			return ControllerJob{}, ErrJobUnknown
+		}
+		return ControllerJob{}, fmt.Errorf("scontrol show job -d %d: %v: %s", id, err, firstLine(stderr))
+	}
+	return ParseJobText(string(out), id, c.Node)
+}
+
+func firstLine(b []byte) string {
+	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	return s
+}
+
+// jsonJob holds the fields of a job in any of Slurm's JSON dumps, 22.05
+// (openapi v0.0.38) to 26.05 (data_parser v0.0.43). Every field used is
+// set by slurmctld; strings a user writes are escaped JSON values.
+type jsonJob struct {
+	JobID  *uint32 `json:"job_id"`
+	UserID *uint32 `json:"user_id"`
+	// A string before 23.11, a list of flags since.
+	JobState     json.RawMessage `json:"job_state"`
+	JobResources json.RawMessage `json:"job_resources"`
+	GresDetail   []string        `json:"gres_detail"`
+}
+
+// ParseJobJSON reads job id on node from `scontrol --json show job` or
+// `squeue --json` output. gres_detail holds one entry per node of the job's
+// allocation (job_resources), in that order.
+func ParseJobJSON(out []byte, id uint32, node string) (ControllerJob, error) {
+	var doc struct {
+		Jobs   []jsonJob `json:"jobs"`
+		Errors []struct {
+			Error       string `json:"error"`
+			Description string `json:"description"`
+			ErrorNumber int    `json:"error_number"`
+		} `json:"errors"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return ControllerJob{}, fmt.Errorf("slurmctld's JSON: %w", err)
+	}
+	var match []jsonJob
+	for _, j := range doc.Jobs {
+		if j.JobID != nil && *j.JobID == id {
+			match = append(match, j)
+		}
+	}
+	if len(match) == 0 {
+		for _, e := range doc.Errors {
+			// ESLURM_INVALID_JOB_ID
+			if e.ErrorNumber == 2017 || strings.Contains(e.Error, "Invalid job id") || strings.Contains(e.Description, "Invalid job id") {
+				return ControllerJob{}, ErrJobUnknown
+			}
+		}
+		if len(doc.Errors) > 0 {
+			return ControllerJob{}, fmt.Errorf("slurmctld: %s %s", doc.Errors[0].Error, doc.Errors[0].Description)
+		}
+		return ControllerJob{}, ErrJobUnknown
+	}
+	if len(match) > 1 {
+		return ControllerJob{}, ambiguous("%d records of job %d", len(match), id)
+	}
+	j := match[0]
+	state, err := jsonState(j.JobState)
+	if err != nil {
+		return ControllerJob{}, fmt.Errorf("job %d: %w", id, err)
+	}
+	if j.UserID == nil {
+		return ControllerJob{}, fmt.Errorf("job %d: no user_id in slurmctld's JSON", id)
+	}
+	cj := ControllerJob{ID: id, UID: *j.UserID, State: state, GPUs: []int{}}
+	nodes, err := jsonResourceNodes(j.JobResources)
+	if err != nil {
+		return ControllerJob{}, fmt.Errorf("job %d: %w", id, err)
+	}
+	at := -1
+	for i, n := range nodes {
+		if n == node {
+			if at >= 0 {
+				return ControllerJob{}, ambiguous("node %s is twice in the allocation of job %d", node, id)
+			}
+			at = i
+		}
+	}
+	if at < 0 {
+		return cj, nil
+	}
+	cj.OnNode = true
+	switch {
+	case len(j.GresDetail) == 0:
+		return cj, nil // no GRES at all
+	case len(j.GresDetail) != len(nodes):
+		return ControllerJob{}, ambiguous("job %d has %d gres_detail entries for %d nodes", id, len(j.GresDetail), len(nodes))
+	}
+	if cj.GPUs, err = gpusOfGres(j.GresDetail[at]); err != nil {
+		return ControllerJob{}, fmt.Errorf("job %d: %w", id, err)
+	}
+	return cj, nil
+}
+
+func jsonState(raw json.RawMessage) (string, error) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var flags []string
+	if err := json.Unmarshal(raw, &flags); err != nil || len(flags) == 0 {
+		return "", fmt.Errorf("job_state %s is neither a state nor a list of them", string(raw))
+	}
+	// The base state comes first; the rest are flags (COMPLETING, …).
+	for _, f := range flags[1:] {
+		if f == "COMPLETING" {
+			return f, nil
+		}
+	}
+	return flags[0], nil
+}
+
+// jsonResourceNodes returns the job's allocated nodes in allocation order:
+// job_resources.nodes is a hostlist string before 24.05 and an object whose
+// "list" it is since.
+func jsonResourceNodes(raw json.RawMessage) ([]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil // pending: no resources
+	}
+	var res struct {
+		Nodes json.RawMessage `json:"nodes"`
+	}
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return nil, fmt.Errorf("job_resources: %w", err)
+	}
+	var list string
+	if err := json.Unmarshal(res.Nodes, &list); err != nil {
+		var obj struct {
+			List *string `json:"list"`
+		}
+		if err := json.Unmarshal(res.Nodes, &obj); err != nil || obj.List == nil {
+			return nil, fmt.Errorf("job_resources.nodes %s is neither a host list nor an object with one", string(res.Nodes))
+		}
+		list = *obj.List
+	}
+	if list == "" {
+		return nil, nil
+	}
+	nodes, err := ExpandHostlist(list)
+	if err != nil {
+		return nil, fmt.Errorf("job_resources nodes %q: %w", list, err)
+	}
+	return nodes, nil
+}
+
+// gpusOfGres reads the GPU indices of one node's GRES string, as Slurm
+// prints it per node: "gpu:2(IDX:0-1)", "gpu:a100:1(IDX:3),mps:100(0/100)".
+// Every gpu entry must carry its indices.
+func gpusOfGres(gres string) ([]int, error) {
+	gpus := []int{}
+	for _, item := range splitGres(gres) {
+		name, rest, _ := strings.Cut(item, ":")
+		name, _, _ = strings.Cut(name, "(")
+		if name != "gpu" {
+			continue
+		}
+		_, idx, ok := strings.Cut(rest, "(IDX:")
+		if !ok {
+			return nil, fmt.Errorf("GRES %q names no GPU indices", item)
+		}
+		list, tail, ok := strings.Cut(idx, ")")
+		if !ok || tail != "" {
+			return nil, fmt.Errorf("GRES %q: unterminated index list", item)
+		}
+		if list == "N/A" {
+			// A gpu GRES of count 0 on this node.
+			continue
+		}
+		g, err := gpulist.ParseIDX(list)
 		if err != nil {
-			return nil, false, fmt.Errorf("scontrol: %v", err)
+			return nil, fmt.Errorf("GRES %q: %w", item, err)
+		}
+		gpus = append(gpus, g...)
+	}
+	// Several typed entries (gpu:a100, gpu:h100) each list their own.
+	slices.Sort(gpus)
+	if c := slices.Compact(slices.Clone(gpus)); len(c) != len(gpus) {
+		return nil, fmt.Errorf("GRES %q names a GPU index twice", gres)
+	}
+	return gpus, nil
+}
+
+// The lines `scontrol show job -d` prints around a job's per-node
+// allocation (src/api/job_info.c): three spaces before a key of the job,
+// five before a node group. A user's newline can fake any of them, so each
+// must be found exactly once.
+var (
+	textJobLine  = regexp.MustCompile(`^JobId=(\d+) `)
+	textGresLine = regexp.MustCompile(`^   JOB_GRES=`)
+	textMinLine  = regexp.MustCompile(`^   MinCPUsNode=`)
+	textNodeLine = regexp.MustCompile(`^     Nodes=(\S+) CPU_IDs=\S* Mem=\d+ GRES=(\S*) ?$`)
+	anyNodes     = regexp.MustCompile(`(^|\s)Nodes=(\S+)`)
+	textUID      = regexp.MustCompile(`^[^()]*\((\d+)\)$`)
+)
+
+// ParseJobText reads job id on node from `scontrol show job -d` text, for
+// Slurm releases without JSON output. The job's per-node block must be the
+// only one: exactly one JobId line, one JOB_GRES line followed by node
+// lines and then one MinCPUsNode line, and exactly one line anywhere naming
+// node in a Nodes= field. Anything else is ambiguous: a job user wrote it.
+func ParseJobText(out string, id uint32, node string) (ControllerJob, error) {
+	lines := strings.Split(out, "\n")
+	jobAt, gresAt, minAt := -1, -1, -1
+	var nodeLines []int
+	for i, l := range lines {
+		if m := textJobLine.FindStringSubmatch(l); m != nil {
+			if jobAt >= 0 {
+				return ControllerJob{}, ambiguous("more than one JobId line")
+			}
+			jobAt = i
+			if m[1] != strconv.FormatUint(uint64(id), 10) {
+				return ControllerJob{}, ambiguous("JobId=%s, asked for job %d", m[1], id)
+			}
+		}
+		if textGresLine.MatchString(l) {
+			if gresAt >= 0 {
+				return ControllerJob{}, ambiguous("more than one JOB_GRES line")
+			}
+			gresAt = i
+		}
+		if textMinLine.MatchString(l) {
+			if minAt >= 0 {
+				return ControllerJob{}, ambiguous("more than one MinCPUsNode line")
+			}
+			minAt = i
+		}
+		for _, m := range anyNodes.FindAllStringSubmatch(l, -1) {
+			match, err := hostMatches(m[2], node)
+			if err != nil || match {
+				nodeLines = append(nodeLines, i)
+				break
+			}
+		}
+	}
+	if jobAt != 0 {
+		return ControllerJob{}, ambiguous("no JobId line first")
+	}
+	state, err := textField(lines, "   JobState=", id)
+	if err != nil {
+		return ControllerJob{}, err
+	}
+	user, err := textField(lines, "   UserId=", id)
+	if err != nil {
+		return ControllerJob{}, err
+	}
+	m := textUID.FindStringSubmatch(user)
+	if m == nil {
+		return ControllerJob{}, fmt.Errorf("job %d: UserId=%s is not name(uid)", id, user)
+	}
+	uid, err := strconv.ParseUint(m[1], 10, 32)
+	if err != nil {
+		return ControllerJob{}, fmt.Errorf("job %d: UserId=%s: %v", id, user, err)
+	}
+	cj := ControllerJob{ID: id, UID: uint32(uid), State: state, GPUs: []int{}}
+	if gresAt < 0 {
+		if len(nodeLines) > 0 {
+			return ControllerJob{}, ambiguous("a Nodes= line naming %s but no allocation block", node)
+		}
+		return cj, nil // no resources (pending)
+	}
+	if minAt < gresAt {
+		return ControllerJob{}, ambiguous("no MinCPUsNode line after JOB_GRES")
+	}
+	if len(nodeLines) > 1 {
+		return ControllerJob{}, ambiguous("%d lines name node %s in a Nodes= field", len(nodeLines), node)
+	}
+	for i := gresAt + 1; i < minAt; i++ {
+		m := textNodeLine.FindStringSubmatch(lines[i])
+		if m == nil {
+			return ControllerJob{}, ambiguous("line %d inside the allocation block is not a node line", i+1)
+		}
+		match, err := hostMatches(m[1], node)
+		if err != nil {
+			return ControllerJob{}, fmt.Errorf("scontrol: %v", err)
 		}
 		if !match {
 			continue
 		}
-		found = true
-		gpus = []int{}
-		for _, f := range fields {
-			gres, ok := strings.CutPrefix(f, "GRES=")
-			if !ok {
-				continue
-			}
-			for _, item := range splitGres(gres) {
-				if !strings.HasPrefix(item, "gpu") {
-					continue
-				}
-				_, idx, ok := strings.Cut(item, "(IDX:")
-				if !ok {
-					continue
-				}
-				list, _, _ := strings.Cut(idx, ")")
-				g, err := policy.ParseGPUList(list)
-				if err != nil {
-					return nil, false, fmt.Errorf("scontrol GRES %q: %v", item, err)
-				}
-				gpus = append(gpus, g...)
-			}
+		if len(nodeLines) != 1 || nodeLines[0] != i {
+			return ControllerJob{}, ambiguous("node %s named outside its allocation block", node)
+		}
+		cj.OnNode = true
+		if cj.GPUs, err = gpusOfGres(m[2]); err != nil {
+			return ControllerJob{}, fmt.Errorf("job %d: %w", id, err)
 		}
 	}
-	return gpus, found, nil
+	if !cj.OnNode && len(nodeLines) > 0 {
+		return ControllerJob{}, ambiguous("node %s named outside its allocation block", node)
+	}
+	return cj, nil
+}
+
+// textField reads the first word after prefix on the one line Slurm prints
+// it on; a second such line (a user's newline) is ambiguous.
+func textField(lines []string, prefix string, id uint32) (string, error) {
+	val, seen := "", false
+	for _, l := range lines {
+		if !strings.HasPrefix(l, prefix) {
+			continue
+		}
+		if seen {
+			return "", ambiguous("more than one %s line", strings.TrimSpace(prefix))
+		}
+		val, _, _ = strings.Cut(strings.TrimPrefix(l, prefix), " ")
+		seen = true
+	}
+	if !seen {
+		return "", fmt.Errorf("job %d: no %s in scontrol's output", id, strings.TrimSpace(prefix))
+	}
+	return val, nil
 }
 
 // splitGres splits "gpu:2(IDX:0-1),mps:100(0/100)" on commas outside

@@ -3,6 +3,7 @@ package slurm
 import (
 	"errors"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"sort"
 	"strings"
 )
@@ -31,6 +32,13 @@ type GPU struct {
 	sortKey string
 }
 
+// maxGPUs is as many GPUs as a GPU list can name (gpulist.MaxIndex).
+const maxGPUs = gpulist.MaxIndex + 1
+
+// maxMIGFiles bounds one MultipleFiles= record: a MIG slice is its parent
+// GPU and the caps files of its GPU and compute instances (three).
+const maxMIGFiles = 64
+
 // ErrNoGPUs is returned when gres.conf configures no GPU for this node.
 var ErrNoGPUs = errors.New("no gpu with File= or MultipleFiles= configured for this node")
 
@@ -41,7 +49,11 @@ var ErrNoGPUs = errors.New("no gpu with File= or MultipleFiles= configured for t
 // records' file strings first, and so does this. GPUs that only AutoDetect
 // would find (no File= or MultipleFiles=) cannot be listed from the file.
 func ReadGresGPUs(path, node string) ([]GPU, error) {
-	lines, err := ReadLines(path)
+	return readGresGPUs(osFiles{}, path, node)
+}
+
+func readGresGPUs(fsys fileSystem, path, node string) ([]GPU, error) {
+	lines, err := readLines(fsys, path)
 	if err != nil {
 		return nil, fmt.Errorf("read gres.conf: %w", err)
 	}
@@ -82,6 +94,9 @@ func ReadGresGPUs(path, node string) ([]GPU, error) {
 			if len(files) < 2 {
 				return nil, fmt.Errorf("%s: MultipleFiles=%s names one file; Slurm refuses that (use File=)", src, multi)
 			}
+			if len(files) > maxMIGFiles {
+				return nil, fmt.Errorf("%s: MultipleFiles names %d files; a MIG slice has its GPU and a few nvidia-caps files, at most %d", src, len(files), maxMIGFiles)
+			}
 			gpus = append(gpus, GPU{Path: files[0], Type: typ, Files: files, MIG: true, Source: src, sortKey: multi})
 		case hasFile:
 			files, err := ExpandHostlist(file)
@@ -91,6 +106,9 @@ func ReadGresGPUs(path, node string) ([]GPU, error) {
 			for _, f := range files {
 				gpus = append(gpus, GPU{Path: f, Type: typ, Files: []string{f}, Source: src, sortKey: f})
 			}
+		}
+		if len(gpus) > maxGPUs {
+			return nil, fmt.Errorf("%s: more than %d GPUs for node %s; gpufence names GPUs 0 to %d", src, maxGPUs, node, gpulist.MaxIndex)
 		}
 	}
 	if len(gpus) == 0 {
@@ -135,16 +153,7 @@ func hostMatches(expr, node string) (bool, error) {
 	if strings.EqualFold(expr, "ALL") {
 		return true, nil
 	}
-	hosts, err := ExpandHostlist(expr)
-	if err != nil {
-		return false, err
-	}
-	for _, h := range hosts {
-		if h == node {
-			return true, nil
-		}
-	}
-	return false, nil
+	return hostlistContains(expr, node)
 }
 
 // natLess compares strings with digit runs compared as numbers, as Slurm's

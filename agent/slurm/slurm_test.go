@@ -26,6 +26,15 @@ func TestExpandHostlist(t *testing.T) {
 		{in: "x]", wantErr: "unbalanced"},
 		{in: "x[a]", wantErr: "bad range"},
 		{in: "x[1]y[2]", wantErr: "more than one bracket"},
+		{in: "x[+1]", wantErr: "bad range"},
+		{in: "x[1-+3]", wantErr: "bad range"},
+		{in: "x[ 1]", wantErr: "bad range"},
+		{in: "a]b[1]", wantErr: "unbalanced"},
+		{in: "n[0-65535]", want: nil},
+		{in: "n[0-65535,0]", wantErr: "expands to more than 65536 names"},
+		{in: "a[0-40000],b[0-40000]", wantErr: "expands to more than 65536 names"},
+		{in: "/" + strings.Repeat("p", 200) + "[0-30000]", wantErr: "or 4194304 bytes"},
+		{in: "n[0000000000000000001]", wantErr: "bad range"},
 	}
 	for _, tt := range tests {
 		got, err := ExpandHostlist(tt.in)
@@ -35,9 +44,65 @@ func TestExpandHostlist(t *testing.T) {
 			}
 			continue
 		}
+		if tt.want == nil {
+			if err != nil || len(got) != 65536 {
+				t.Errorf("ExpandHostlist(%q) = %d names, %v; want 65536", tt.in, len(got), err)
+			}
+			continue
+		}
 		if err != nil || !slices.Equal(got, tt.want) {
 			t.Errorf("ExpandHostlist(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
+	}
+}
+
+func TestHostlistContains(t *testing.T) {
+	for _, tt := range []struct {
+		expr, name string
+		want       bool
+	}{
+		{"n[1-3]", "n2", true},
+		{"n[1-3]", "n4", false},
+		{"n[1-3]", "n02", false},
+		{"gpu[08-10]", "gpu09", true},
+		{"gpu[08-10]", "gpu9", false},
+		{"gpu[08-10]", "gpu10", true},
+		{"n[8-12]", "n012", false},
+		{"q1-st-g5-[1-2],login", "login", true},
+		{"q1-st-g5-[1-2],login", "q1-st-g5-", false},
+		{"a[1-3]b", "a2b", true},
+		{"a[1-3]b", "a2", false},
+		{"n[0-65535]", "n65535", true},
+		{"n[1-3]", "n999999999999999999999999", false},
+	} {
+		got, err := hostlistContains(tt.expr, tt.name)
+		if err != nil || got != tt.want {
+			t.Errorf("hostlistContains(%q, %q) = %v, %v; want %v", tt.expr, tt.name, got, err, tt.want)
+		}
+	}
+}
+
+func TestReadLinesBounds(t *testing.T) {
+	dir := t.TempDir()
+	// Nine files, each including the next ten times: without a bound on
+	// files the last would be read 10^8 times.
+	write(t, dir, "f8.conf", "Key=value\n")
+	for i := 7; i >= 0; i-- {
+		write(t, dir, fmt.Sprintf("f%d.conf", i), strings.Repeat(fmt.Sprintf("include f%d.conf\n", i+1), 10))
+	}
+	if _, err := ReadLines(filepath.Join(dir, "f0.conf")); err == nil || !strings.Contains(err.Error(), "more than 256 files read") {
+		t.Errorf("include tree of 10^8 files: %v", err)
+	}
+	self := write(t, dir, "self.conf", "include self.conf\n")
+	if _, err := ReadLines(self); err == nil || !strings.Contains(err.Error(), "includes nested deeper than 8") {
+		t.Errorf("self-including file: %v", err)
+	}
+	big := write(t, dir, "big.conf", strings.Repeat("Key="+strings.Repeat("v", 1019)+"\n", 10<<10))
+	if _, err := ReadLines(write(t, dir, "two.conf", "include big.conf\ninclude big.conf\n")); err == nil || !strings.Contains(err.Error(), "more than 16777216 bytes") {
+		t.Errorf("20 MiB with includes: %v", err)
+	}
+	if lines, err := ReadLines(big); err != nil || len(lines) != 10<<10 {
+		t.Errorf("10 MiB: %d lines, %v", len(lines), err)
 	}
 }
 
@@ -75,6 +140,14 @@ func TestReadGresGPUs(t *testing.T) {
 		{name: "no gpu for node", body: "NodeName=other Name=gpu File=/dev/nvidia0\n", node: "n1", wantErr: "no gpu with File="},
 		{name: "duplicate", body: "Name=gpu File=/dev/nvidia0\nName=gpu File=/dev/nvidia0\n", node: "n1", wantErr: "listed twice"},
 		{name: "bad line", body: "Name=gpu Junk\n", node: "n1", wantErr: "not key=value"},
+		{name: "more GPUs than a list can name", body: "Name=gpu File=/dev/nvidia[0-1024]\n", node: "n1", wantErr: "more than 1024 GPUs for node n1"},
+		{name: "1024 GPUs", body: "Name=gpu File=/dev/g[0-1023]\n", node: "n1", want: func() (p []string) {
+			for i := range 1024 {
+				p = append(p, fmt.Sprintf("/dev/g%d", i))
+			}
+			return p
+		}()},
+		{name: "MultipleFiles beyond a MIG slice", body: "Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap[1-64]\n", node: "n1", wantErr: "MultipleFiles names 65 files"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -139,35 +212,6 @@ func TestReadSettings(t *testing.T) {
 	}
 	if _, err := ReadSettings(filepath.Join(t.TempDir(), "none.conf")); err == nil {
 		t.Error("missing slurm.conf gave no error")
-	}
-}
-
-func TestParseJobGPUs(t *testing.T) {
-	out := `JobId=12 JobName=x
-   UserId=gftest(2951) GroupId=gftest(2951) MCS_label=N/A
-   JOB_GRES=gpu:3
-     Nodes=vm CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0,2)
-     Nodes=n[1-3] CPU_IDs=0-1 Mem=0 GRES=gpu:a100:1(IDX:3),mps:100(0/100)
-     Nodes=cpu1 CPU_IDs=0 Mem=0 GRES=
-   Partition=debug`
-	tests := []struct {
-		node  string
-		want  []int
-		found bool
-	}{
-		{"vm", []int{0, 2}, true},
-		{"n2", []int{3}, true},
-		{"cpu1", []int{}, true},
-		{"other", nil, false},
-	}
-	for _, tt := range tests {
-		got, found, err := ParseJobGPUs(out, tt.node)
-		if err != nil || found != tt.found || !slices.Equal(got, tt.want) {
-			t.Errorf("%s: %v %v %v, want %v %v", tt.node, got, found, err, tt.want, tt.found)
-		}
-	}
-	if _, _, err := ParseJobGPUs("     Nodes=vm GRES=gpu:1(IDX:x)\n", "vm"); err == nil {
-		t.Error("bad IDX accepted")
 	}
 }
 

@@ -25,14 +25,21 @@ type File struct {
 
 // Job is one job on the node.
 type Job struct {
-	ID       uint32    `json:"id"`
-	UID      uint32    `json:"uid"`
-	GPUs     []int     `json:"gpus"`
-	Broken   string    `json:"broken,omitempty"`
-	NoProlog bool      `json:"no_prolog,omitempty"`
-	Dir      string    `json:"dir,omitempty"`
-	Created  time.Time `json:"created"`
-	Steps    []Step    `json:"steps,omitempty"`
+	ID       uint32 `json:"id"`
+	UID      uint32 `json:"uid"`
+	GPUs     []int  `json:"gpus"`
+	Broken   string `json:"broken,omitempty"`
+	NoProlog bool   `json:"no_prolog,omitempty"`
+	// Recovered names the slurmctld output the list came from, when not
+	// the prolog; Adopted, for a job found running at agent start, what
+	// slurmctld said; Unconfirmed how such a job is handled when slurmctld
+	// did not confirm it (audit-only, deny).
+	Recovered   string    `json:"recovered,omitempty"`
+	Adopted     string    `json:"adopted,omitempty"`
+	Unconfirmed string    `json:"unconfirmed,omitempty"`
+	Dir         string    `json:"dir,omitempty"`
+	Created     time.Time `json:"created"`
+	Steps       []Step    `json:"steps,omitempty"`
 }
 
 // Step is one registered step and the cgroup its kernel entry is keyed by.
@@ -42,6 +49,9 @@ type Step struct {
 	CgroupID uint64 `json:"cgroup_id"`
 	Cgroup   string `json:"cgroup"`
 	GPUs     []int  `json:"gpus"`
+	// AuditOnly: the kernel entry allows what GPUs does not and reports it.
+	AuditOnly bool `json:"audit_only,omitempty"`
+	Adopted   bool `json:"adopted,omitempty"`
 }
 
 // Read reads path; exists is false (and err nil) when there is no file.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -14,6 +15,10 @@ import (
 
 // Mount is one line of /proc/self/mountinfo (proc(5)).
 type Mount struct {
+	// ID is the mount id; Major and Minor are the device of the mount's
+	// superblock (st_dev of most of its files, not all: btrfs subvolumes).
+	ID           uint64
+	Major, Minor uint32
 	// Root is the part of the file system the mount shows at its mount
 	// point: for cgroup2 the cgroup there (not "/" for a bind mount of a
 	// subtree or inside a cgroup namespace).
@@ -37,6 +42,14 @@ func ParseMountinfo(r io.Reader) ([]Mount, error) {
 		}
 		m := Mount{Root: unescapeMountinfo(fields[3]), MountPoint: unescapeMountinfo(fields[4]),
 			FSType: fields[sep+1], Source: unescapeMountinfo(fields[sep+2])}
+		id, err1 := strconv.ParseUint(fields[0], 10, 64)
+		maj, min, ok := strings.Cut(fields[2], ":")
+		ma, err2 := strconv.ParseUint(maj, 10, 32)
+		mi, err3 := strconv.ParseUint(min, 10, 32)
+		if err1 != nil || !ok || err2 != nil || err3 != nil {
+			return nil, fmt.Errorf("parse mountinfo: malformed mount id or device in %q", sc.Text())
+		}
+		m.ID, m.Major, m.Minor = id, uint32(ma), uint32(mi)
 		if sep+3 < len(fields) {
 			m.Options = fields[sep+3]
 		}

@@ -10,8 +10,8 @@
 //
 // Two programs share one decision function; the loader loads only one:
 //
-// devfilter_scope (Linux >= 6.4, needs bpf_get_current_ancestor_cgroup_id for
-// this program type): attached once, with BPF_F_ALLOW_MULTI, on the
+// devfilter_scope (needs bpf_get_current_ancestor_cgroup_id for this program
+// type, which Linux 6.1 offers): attached once, with BPF_F_ALLOW_MULTI, on the
 // slurmstepd scope cgroup. The policy of a task is looked up in the
 // `policies` hash by the id of its ancestor at scope level + 2 (the step),
 // then at scope level + 1 (the job, or `system`/`slurmd`). No entry: no GPU.
@@ -28,10 +28,17 @@
 // would have been denied, which is then allowed) is reported through the
 // `events` ring buffer, and allowed accesses as `audit_allowed` says. Reports
 // are rate-limited per cgroup + device + decision in `rate`; every access
-// that is not reported is counted there, so events + suppressed + lost add
-// up exactly to the accesses. When the ring buffer is full, `lost` counts
-// the event and the decision stands: enforcement never depends on the audit
-// path.
+// that is not reported is counted there or, when `rate` is full, by decision
+// in `rate_full`, so events + suppressed + rate_full + lost add up exactly to
+// the accesses, and a flood over more keys than `rate` holds sends nothing
+// more to the agent. When the ring buffer is full, `lost` counts the event
+// and the decision stands: enforcement never depends on the audit path.
+//
+// Both programs read the task (bpf_get_current_task, bpf_probe_read_kernel:
+// offered to every program type for a CAP_PERFMON loader) for the process
+// and the program it runs at the access: pid, comm, the executable's inode
+// and device, and the process's start time, which the agent checks against
+// /proc/<pid> when it reads the event later.
 
 #include "uapi.h"
 #include "bpf_helpers.h"
@@ -39,6 +46,10 @@
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 #define POLICY_ALLOW_ALL (1U << 0)
+// A cgroup whose job the agent adopted without slurmctld confirming its GPUs
+// (adopt_unconfirmed: audit-only): what it may not open is reported as
+// would-deny and allowed, for that cgroup alone.
+#define POLICY_AUDIT_ONLY (1U << 1)
 
 // Minors 254 (nvidia-modeset) and 255 (nvidiactl) are needed by every CUDA
 // process and are never narrowed.
@@ -120,6 +131,16 @@ struct event {
 	__u32 _pad2;
 	// suppressed_total of the event's rate key when it was emitted.
 	__u64 suppressed;
+	// Added after the first layout (72 bytes), whose records decode with
+	// these zero. The program the task ran at the access: inode number of
+	// mm->exe_file and the kernel dev_t of its superblock (major << 20 |
+	// minor); 0 when unknown (no mm, a read failed).
+	__u64 exe_ino;
+	__u32 exe_dev;
+	__u32 _pad3;
+	// Start of the thread group leader, ns of CLOCK_BOOTTIME (what
+	// /proc/<pid>/stat shows in clock ticks): tells a reused pid apart.
+	__u64 start_boottime;
 };
 
 struct rate_key {
@@ -183,20 +204,43 @@ struct {
 	__type(value, __u64);
 } lost SEC(".maps");
 
-// Events emitted without rate limiting because `rate` was full, per CPU.
+// Accesses neither reported nor counted under a key because `rate` was
+// full, per CPU, by decision (the index). Its first layout (one entry)
+// counted events reported without rate limit: the size differs, so an
+// upgrade starts this count afresh.
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 4);
 	__type(key, __u32);
 	__type(value, __u64);
 } rate_full SEC(".maps");
 
-// Only the fields the fallback program reads; CO-RE relocates them against
-// the running kernel's BTF.
+// Only the fields the programs read; CO-RE relocates them against the
+// running kernel's BTF.
+struct super_block {
+	__u32 s_dev;
+} __attribute__((preserve_access_index));
+
+struct inode {
+	unsigned long i_ino;
+	struct super_block *i_sb;
+} __attribute__((preserve_access_index));
+
+struct file {
+	struct inode *f_inode;
+} __attribute__((preserve_access_index));
+
+struct mm_struct {
+	struct file *exe_file;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	char comm[16];
+	struct mm_struct *mm;
+	struct task_struct *group_leader;
+	__u64 start_boottime;
 } __attribute__((preserve_access_index));
 
 // Force the types the Go side needs into BTF for bpf2go -type.
@@ -236,12 +280,11 @@ static __always_inline int allowed(const struct policy *p, int class,
 	return (p->caps[minor >> 6] >> (minor & 63)) & 1;
 }
 
-// count_per_cpu adds one to a per-CPU counter. Atomically: a cgroup program
-// runs with migration, not preemption, disabled, so two runs can interleave
-// on one CPU.
-static __always_inline void count_per_cpu(void *map)
+// count_per_cpu adds one to entry key of a per-CPU counter. Atomically: a
+// cgroup program runs with migration, not preemption, disabled, so two runs
+// can interleave on one CPU.
+static __always_inline void count_per_cpu(void *map, __u32 key)
 {
-	__u32 key = 0;
 	__u64 *n = bpf_map_lookup_elem(map, &key);
 
 	if (n)
@@ -256,7 +299,8 @@ static __always_inline const struct filter_config *get_config(void)
 }
 
 // rate_limit decides whether to report an access of key: 1, with *suppressed
-// set to the key's suppressed total, or 0 after counting it as suppressed.
+// set to the key's suppressed total, or 0 after counting it as suppressed
+// (under its key, or in rate_full when the map has no room for the key).
 // Each access lands in exactly one of "reported" and "suppressed"; races
 // between CPUs can only move a window boundary or let a window report a few
 // more than the burst, never lose a count.
@@ -275,11 +319,13 @@ static __always_inline int rate_limit(const struct filter_config *cfg,
 		nv.suppressed_total = 0;
 		if (bpf_map_update_elem(&rate, key, &nv, BPF_NOEXIST) == 0)
 			return 1;
-		// Another CPU created it meanwhile, or the map is full.
+		// Another CPU created it meanwhile, or the map is full. Full: the
+		// access is counted, never reported unthrottled, so that a flood
+		// over more keys than the map holds costs the agent nothing.
 		v = bpf_map_lookup_elem(&rate, key);
 		if (!v) {
-			count_per_cpu(&rate_full);
-			return 1;
+			count_per_cpu(&rate_full, key->decision);
+			return 0;
 		}
 	}
 	if (first_only) {
@@ -298,16 +344,61 @@ static __always_inline int rate_limit(const struct filter_config *cfg,
 	return 1;
 }
 
-// audit reports an access unless rate-limited. scope is a constant: the
-// fallback program must not call the helpers only the scope program has.
+// read_task fills the process fields of e from the current task. Each read
+// that fails leaves its field zero: the agent then says what it could not
+// verify.
+static __always_inline void read_task(struct event *e)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct task_struct *leader = 0;
+	struct mm_struct *mm = 0;
+	struct file *exe = 0;
+	struct inode *inode = 0;
+	struct super_block *sb = 0;
+	unsigned long ino = 0;
+
+	__builtin_memset(e->comm, 0, sizeof(e->comm));
+	e->pid = 0;
+	e->tgid = 0;
+	e->exe_ino = 0;
+	e->exe_dev = 0;
+	e->_pad3 = 0;
+	e->start_boottime = 0;
+	bpf_probe_read_kernel(&e->pid, sizeof(e->pid), &task->pid);
+	bpf_probe_read_kernel(&e->tgid, sizeof(e->tgid), &task->tgid);
+	if (bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), task->comm) < 0)
+		e->comm[0] = 0;
+	if (!bpf_probe_read_kernel(&leader, sizeof(leader), &task->group_leader) && leader)
+		bpf_probe_read_kernel(&e->start_boottime, sizeof(e->start_boottime), &leader->start_boottime);
+	// The executable: what the task runs now, at the access; the agent's
+	// /proc/<pid>/exe comes later, maybe after an exec.
+	if (bpf_probe_read_kernel(&mm, sizeof(mm), &task->mm) || !mm)
+		return;
+	if (bpf_probe_read_kernel(&exe, sizeof(exe), &mm->exe_file) || !exe)
+		return;
+	if (bpf_probe_read_kernel(&inode, sizeof(inode), &exe->f_inode) || !inode)
+		return;
+	if (bpf_probe_read_kernel(&sb, sizeof(sb), &inode->i_sb) || !sb)
+		return;
+	if (bpf_probe_read_kernel(&e->exe_dev, sizeof(e->exe_dev), &sb->s_dev))
+		return;
+	if (bpf_probe_read_kernel(&ino, sizeof(ino), &inode->i_ino))
+		e->exe_dev = 0;
+	else
+		e->exe_ino = ino;
+}
+
+// audit reports an access unless rate-limited. Both programs read the task
+// the same way: bpf_get_current_pid_tgid and bpf_get_current_comm come with
+// the helper set that has bpf_get_current_ancestor_cgroup_id, but the task
+// reads are needed anyway for the executable, and one path keeps Probe's
+// list for the scope program to the helper that defines it.
 static __always_inline void audit(const struct bpf_cgroup_dev_ctx *ctx,
 				  const struct filter_config *cfg,
-				  __u64 cgroup_id, __u8 decision, int first_only,
-				  const int scope)
+				  __u64 cgroup_id, __u8 decision, int first_only)
 {
 	struct rate_key key = {};
-	struct task_struct *task;
-	__u64 suppressed, uid_gid, pid_tgid;
+	__u64 suppressed, uid_gid;
 	struct event *e;
 
 	key.cgroup_id = cgroup_id;
@@ -319,7 +410,7 @@ static __always_inline void audit(const struct bpf_cgroup_dev_ctx *ctx,
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		count_per_cpu(&lost);
+		count_per_cpu(&lost, 0);
 		return;
 	}
 	e->cgroup_id = cgroup_id;
@@ -334,46 +425,45 @@ static __always_inline void audit(const struct bpf_cgroup_dev_ctx *ctx,
 	e->_pad1 = 0;
 	e->_pad2 = 0;
 	e->suppressed = suppressed;
-	if (scope) {
-		pid_tgid = bpf_get_current_pid_tgid();
-		e->pid = (__u32)pid_tgid;
-		e->tgid = (__u32)(pid_tgid >> 32);
-		bpf_get_current_comm(e->comm, sizeof(e->comm));
-	} else {
-		// bpf_get_current_pid_tgid and bpf_get_current_comm are not
-		// offered to this program type before 6.4; read the task instead.
-		__builtin_memset(e->comm, 0, sizeof(e->comm));
-		task = (struct task_struct *)bpf_get_current_task();
-		if (bpf_probe_read_kernel(&e->pid, sizeof(e->pid), &task->pid))
-			e->pid = 0;
-		if (bpf_probe_read_kernel(&e->tgid, sizeof(e->tgid), &task->tgid))
-			e->tgid = 0;
-		if (bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), task->comm) < 0)
-			e->comm[0] = 0;
-	}
+	read_task(e);
 	bpf_ringbuf_submit(e, 0);
 }
 
 // decide returns the verdict for an access of a narrowed device under policy
-// p (NULL: none) of cgroup_id, and reports it as configured.
+// p (NULL: none) of cgroup_id, and reports it as configured. One call site
+// of audit keeps the program small: it is inlined.
 static __always_inline int decide(const struct bpf_cgroup_dev_ctx *ctx,
 				  const struct filter_config *cfg,
 				  const struct policy *p, __u64 cgroup_id,
-				  int class, const int scope)
+				  int class)
 {
+	int first_only = 0;
+	__u8 decision;
+
 	if (allowed(p, class, ctx->minor)) {
 		if (cfg->audit_allowed == AUDIT_ALLOWED_FIRST)
-			audit(ctx, cfg, cgroup_id, DECISION_ALLOWED, 1, scope);
-		else if (cfg->audit_allowed == AUDIT_ALLOWED_ALL)
-			audit(ctx, cfg, cgroup_id, DECISION_ALLOWED, 0, scope);
-		return 1;
+			first_only = 1;
+		else if (cfg->audit_allowed != AUDIT_ALLOWED_ALL)
+			return 1;
+		decision = DECISION_ALLOWED;
+	} else if (cfg->audit_only || (p && (p->flags & POLICY_AUDIT_ONLY))) {
+		decision = DECISION_WOULD_DENY;
+	} else {
+		decision = DECISION_DENIED;
 	}
-	if (cfg->audit_only) {
-		audit(ctx, cfg, cgroup_id, DECISION_WOULD_DENY, 0, scope);
-		return 1;
-	}
-	audit(ctx, cfg, cgroup_id, DECISION_DENIED, 0, scope);
-	return 0;
+	audit(ctx, cfg, cgroup_id, decision, first_only);
+	return decision != DECISION_DENIED;
+}
+
+// verdict bounds a program's return value where the compiler cannot see
+// it. clang may return a copy of cfg->audit_allowed on the path where it
+// compared equal to 1; Linux 6.1's verifier does not carry that comparison
+// over to a 32-bit copy and refuses the program ("R0 has value (0x0;
+// 0xffffffff) should have been in (0x0; 0x1)").
+static __always_inline int verdict(int v)
+{
+	asm volatile("%[v] &= 1" : [v] "+r"(v));
+	return v;
 }
 
 SEC("cgroup/dev")
@@ -403,7 +493,7 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 		if (p || !id2)
 			id = id1;
 	}
-	return decide(ctx, cfg, p, id, class, 1);
+	return verdict(decide(ctx, cfg, p, id, class));
 }
 
 SEC("cgroup/dev")
@@ -423,5 +513,5 @@ int devfilter_cgroup(struct bpf_cgroup_dev_ctx *ctx)
 
 	// Never NULL for a program attached with cgroup storage.
 	p = bpf_get_local_storage(&storage, 0);
-	return decide(ctx, cfg, p, p->cgroup_id, class, 0);
+	return verdict(decide(ctx, cfg, p, p->cgroup_id, class));
 }

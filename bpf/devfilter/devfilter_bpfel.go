@@ -37,21 +37,25 @@ const (
 )
 
 type devfilterEvent struct {
-	_          structs.HostLayout
-	CgroupId   uint64
-	KtimeNs    uint64
-	Pid        uint32
-	Tgid       uint32
-	Uid        uint32
-	Gid        uint32
-	Major      uint32
-	Minor      uint32
-	Access     uint16
-	Decision   uint8
-	Pad1       uint8
-	Comm       [16]int8
-	Pad2       uint32
-	Suppressed uint64
+	_             structs.HostLayout
+	CgroupId      uint64
+	KtimeNs       uint64
+	Pid           uint32
+	Tgid          uint32
+	Uid           uint32
+	Gid           uint32
+	Major         uint32
+	Minor         uint32
+	Access        uint16
+	Decision      uint8
+	Pad1          uint8
+	Comm          [16]int8
+	Pad2          uint32
+	Suppressed    uint64
+	ExeIno        uint64
+	ExeDev        uint32
+	Pad3          uint32
+	StartBoottime uint64
 }
 
 type devfilterFilterConfig struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
@@ -21,15 +22,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Helpers each program calls beyond the map and ring buffer helpers that
-// every kernel with ring buffers offers to cgroup device programs.
+// Helpers each program calls beyond the map, ring buffer, time and uid
+// helpers that every kernel with ring buffers offers to cgroup device
+// programs (TestProbedHelpersCoverPrograms keeps these lists complete). Both
+// read the task (process, executable) through the helpers that
+// bpf_base_func_proto offers a CAP_PERFMON loader; what sets the modes apart
+// is bpf_get_current_ancestor_cgroup_id and cgroup storage.
 var (
-	scopeHelpers = []asm.BuiltinFunc{
-		asm.FnGetCurrentAncestorCgroupId, asm.FnGetCurrentPidTgid, asm.FnGetCurrentComm,
-	}
-	perCgroupHelpers = []asm.BuiltinFunc{
-		asm.FnGetLocalStorage, asm.FnGetCurrentTask, asm.FnProbeReadKernel, asm.FnProbeReadKernelStr,
-	}
+	taskHelpers  = []asm.BuiltinFunc{asm.FnGetCurrentTask, asm.FnProbeReadKernel, asm.FnProbeReadKernelStr}
+	scopeHelpers = append([]asm.BuiltinFunc{asm.FnGetCurrentAncestorCgroupId}, taskHelpers...)
+
+	perCgroupHelpers = append([]asm.BuiltinFunc{asm.FnGetLocalStorage}, taskHelpers...)
 )
 
 // Probe reports the best mode this kernel supports, or an error naming the
@@ -40,6 +43,10 @@ func Probe() (Mode, error) {
 	}
 	if err := features.HaveMapType(ebpf.RingBuf); err != nil {
 		return "", fmt.Errorf("probe ring buffer maps: %w", err)
+	}
+	// Both programs read the task with CO-RE relocations.
+	if _, err := btf.LoadKernelSpec(); err != nil {
+		return "", fmt.Errorf("probe kernel BTF (/sys/kernel/btf/vmlinux, for the programs' CO-RE reads of the task): %w", err)
 	}
 	scopeErr := haveHelpers(scopeHelpers)
 	if scopeErr == nil {
@@ -178,7 +185,14 @@ func New(opts Options) (_ *Filter, err error) {
 		defer prev.close()
 	}
 	reused := prev.replacements(spec, opts.Mode, f.log)
-	loadOpts := &ebpf.CollectionOptions{MapReplacements: reused}
+	// The CO-RE reads only name vmlinux types. Without KernelTypes the
+	// library would load every module's BTF too, and fail the load when a
+	// module goes away meanwhile (seen at boot: powernow_k8 unloading).
+	kernelTypes, err := btf.LoadKernelSpec()
+	if err != nil {
+		return nil, fmt.Errorf("load device filter (%s): kernel BTF: %w", opts.Mode, err)
+	}
+	loadOpts := &ebpf.CollectionOptions{MapReplacements: reused, Programs: ebpf.ProgramOptions{KernelTypes: kernelTypes}}
 	switch opts.Mode {
 	case ModeScope:
 		var objs scopeObjects
@@ -227,6 +241,11 @@ func New(opts Options) (_ *Filter, err error) {
 			return nil, err
 		}
 	}
+	if opts.Mode == ModeScope && opts.BeforeAttach != nil {
+		if err := opts.BeforeAttach(f); err != nil {
+			return nil, fmt.Errorf("device filter: before attaching: %w", err)
+		}
+	}
 	switch {
 	case opts.Mode == ModeScope && prev != nil && prev.link != nil:
 		// BPF_LINK_UPDATE: the kernel swaps the program of the attachment
@@ -253,6 +272,11 @@ func New(opts Options) (_ *Filter, err error) {
 		}
 	}
 	f.adopted = prev != nil
+	if opts.Mode == ModePerCgroup && opts.BeforeAttach != nil {
+		if err := opts.BeforeAttach(f); err != nil {
+			return nil, fmt.Errorf("device filter: after taking over pinned links: %w", err)
+		}
+	}
 	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
 		"pin_dir", opts.PinDir, "adopted", f.adopted, "adopted_links", len(f.attached),
 		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor, "audit_only", opts.AuditOnly,
@@ -310,7 +334,21 @@ func attachFD(fd int, prog *ebpf.Program) (link.Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	return raw, nil
+	// A raw link's Info leaves out which cgroup it is on; the typed link
+	// (what a pinned link loads as) tells it, which the scope check needs.
+	dup, err := unix.FcntlInt(uintptr(raw.FD()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("dup link fd: %w", err), raw.Close())
+	}
+	typed, err := link.NewFromFD(dup)
+	if err != nil {
+		unix.Close(dup)
+		return nil, errors.Join(err, raw.Close())
+	}
+	if err := raw.Close(); err != nil {
+		return nil, errors.Join(err, typed.Close())
+	}
+	return typed, nil
 }
 
 // Mode is the mode the filter runs in.
@@ -476,8 +514,21 @@ func (f *Filter) ReadEvent() (Event, error) {
 	return decodeEvent(rec.RawSample)
 }
 
+// eventLayout1Size is the size of struct event before the executable's
+// identity was added at its end; a program of that layout may still have
+// records in the adopted ring buffer after an upgrade.
+const eventLayout1Size = 72
+
 func decodeEvent(raw []byte) (Event, error) {
 	var e devfilterEvent
+	size := binary.Size(e)
+	if len(raw) < eventLayout1Size {
+		return Event{}, fmt.Errorf("decode device filter event of %d bytes: want %d (or %d, the first layout)", len(raw), size, eventLayout1Size)
+	}
+	if len(raw) < size {
+		// Zero-extended: an older record says nothing about the executable.
+		raw = append(raw[:len(raw):len(raw)], make([]byte, size-len(raw))...)
+	}
 	if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &e); err != nil {
 		return Event{}, fmt.Errorf("decode device filter event of %d bytes: %w", len(raw), err)
 	}
@@ -501,7 +552,18 @@ func decodeEvent(raw []byte) (Event, error) {
 		Decision:   Decision(e.Decision),
 		Comm:       string(comm),
 		Suppressed: e.Suppressed,
+		Exe:        exeOf(e.ExeIno, e.ExeDev),
+		Start:      time.Duration(e.StartBoottime),
 	}, nil
+}
+
+// exeOf turns the kernel's inode number and dev_t (major << 20 | minor) into
+// an ExeID; no inode means unknown.
+func exeOf(ino uint64, kdev uint32) ExeID {
+	if ino == 0 {
+		return ExeID{}
+	}
+	return ExeID{Ino: ino, Major: kdev >> 20, Minor: kdev & (1<<20 - 1)}
 }
 
 // Lost is the number of events dropped because the ring buffer was full.
@@ -520,14 +582,21 @@ func (f *Filter) LostPerCPU() ([]uint64, error) {
 	return perCPU, nil
 }
 
-// RateFull is the number of events reported without rate limiting because
-// the rate limit map was full.
-func (f *Filter) RateFull() (uint64, error) {
-	var perCPU []uint64
-	if err := f.rateFull.Lookup(uint32(0), &perCPU); err != nil {
-		return 0, fmt.Errorf("read device filter rate map overflows: %w", err)
+// RateFull returns, by decision, how many accesses were neither reported
+// nor counted under a rate key because the rate map was full. The counts
+// only grow; with the events and Suppressed they add up to the accesses.
+func (f *Filter) RateFull() (map[Decision]uint64, error) {
+	out := map[Decision]uint64{}
+	for _, d := range []Decision{DecisionDenied, DecisionAllowed, DecisionWouldDeny} {
+		var perCPU []uint64
+		if err := f.rateFull.Lookup(uint32(d), &perCPU); err != nil {
+			return nil, fmt.Errorf("read device filter rate map overflows: %w", err)
+		}
+		if n := sum(perCPU); n > 0 {
+			out[d] = n
+		}
 	}
-	return sum(perCPU), nil
+	return out, nil
 }
 
 func sum(vs []uint64) uint64 {

@@ -33,7 +33,10 @@ type PinnedView struct {
 	// Entries are the kernel's policies by cgroup id: the policies map
 	// (ModeScope) or the cgroup_<id> pins with their storage (ModePerCgroup).
 	Entries map[uint64]PinnedEntry
-	// Lost is the per-CPU lost counter summed, RateFull the rate_full one,
+	// Lost is the per-CPU lost counter summed (events the ring buffer had
+	// no room for), RateFull the rate_full one over every decision
+	// (accesses not reported because the rate map was full; an older
+	// program counted accesses reported without rate limit there),
 	// RateEntries the number of entries in the rate map.
 	Lost, RateFull uint64
 	RateEntries    int
@@ -141,13 +144,21 @@ func InspectPins(dir string) (*PinnedView, error) {
 		if m == nil {
 			continue
 		}
-		var perCPU []uint64
-		if err := m.Lookup(uint32(0), &perCPU); err != nil {
-			fail("map %s: %v", n, err)
-		} else if n == "lost" {
-			v.Lost = sum(perCPU)
+		var total uint64
+		// Every entry: rate_full counts by decision (one entry in its
+		// first layout), lost in entry 0.
+		for k := range m.MaxEntries() {
+			var perCPU []uint64
+			if err := m.Lookup(k, &perCPU); err != nil {
+				fail("map %s: %v", n, err)
+				break
+			}
+			total += sum(perCPU)
+		}
+		if n == "lost" {
+			v.Lost = total
 		} else {
-			v.RateFull = sum(perCPU)
+			v.RateFull = total
 		}
 		m.Close()
 	}

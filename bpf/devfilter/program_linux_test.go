@@ -3,17 +3,20 @@ package devfilter
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf/asm"
 )
 
-// The fallback program must load on Linux 6.1 (Amazon Linux 2023), where a
-// CGROUP_DEVICE program gets only these helpers (cgroup_base_func_proto and,
-// for a CAP_PERFMON loader, bpf_base_func_proto).
-var linux61CgroupDeviceHelpers = map[asm.BuiltinFunc]bool{
+// The fallback program must load where a CGROUP_DEVICE program gets only
+// cgroup_base_func_proto and, for a CAP_PERFMON loader, bpf_base_func_proto:
+// the kernels before 6.1 (5.12 and later have the ring buffer and atomics
+// the program needs). These are those helpers.
+var preLinux61CgroupDeviceHelpers = map[asm.BuiltinFunc]bool{
 	asm.FnMapLookupElem:       true,
 	asm.FnMapUpdateElem:       true,
 	asm.FnMapDeleteElem:       true,
@@ -34,6 +37,22 @@ var linux61CgroupDeviceHelpers = map[asm.BuiltinFunc]bool{
 	asm.FnGetNumaNodeId:       true,
 	asm.FnMapLookupPercpuElem: true,
 }
+
+// Linux 6.1 adds cgroup_current_func_proto to CGROUP_DEVICE programs; of
+// it, measured on Debian 12's 6.1.0-50 (TestPrivilegedProbeFindsAncestorHelper
+// logs the list): get_current_ancestor_cgroup_id, get_current_cgroup_id,
+// get_current_pid_tgid, get_current_comm. The scope program must load there
+// (Amazon Linux 2023 runs 6.1).
+var linux61CgroupDeviceHelpers = func() map[asm.BuiltinFunc]bool {
+	m := map[asm.BuiltinFunc]bool{
+		asm.FnGetCurrentAncestorCgroupId: true, asm.FnGetCurrentCgroupId: true,
+		asm.FnGetCurrentPidTgid: true, asm.FnGetCurrentComm: true,
+	}
+	for h := range preLinux61CgroupDeviceHelpers {
+		m[h] = true
+	}
+	return m
+}()
 
 func programHelpers(t *testing.T, name string) []asm.BuiltinFunc {
 	t.Helper()
@@ -57,40 +76,61 @@ func programHelpers(t *testing.T, name string) []asm.BuiltinFunc {
 	return helpers
 }
 
-func TestPerCgroupProgramHelpersExistOnLinux61(t *testing.T) {
-	for _, h := range programHelpers(t, "devfilter_cgroup") {
-		if !linux61CgroupDeviceHelpers[h] {
-			t.Errorf("devfilter_cgroup calls %s, which Linux 6.1 does not offer to CGROUP_DEVICE programs", h)
+func TestProgramHelpersExistOnOlderKernels(t *testing.T) {
+	for _, tc := range []struct {
+		prog, kernel string
+		offered      map[asm.BuiltinFunc]bool
+	}{
+		{"devfilter_cgroup", "Linux before 6.1", preLinux61CgroupDeviceHelpers},
+		{"devfilter_scope", "Linux 6.1", linux61CgroupDeviceHelpers},
+	} {
+		for _, h := range programHelpers(t, tc.prog) {
+			if !tc.offered[h] {
+				t.Errorf("%s calls %s, which %s does not offer to CGROUP_DEVICE programs", tc.prog, h, tc.kernel)
+			}
 		}
 	}
 }
 
+// unprobedHelpers are offered to CGROUP_DEVICE programs by every kernel with
+// ring buffers (which Probe checks): map, time and uid helpers since the
+// program type exists, ring buffer helpers with the map type.
+var unprobedHelpers = map[asm.BuiltinFunc]bool{
+	asm.FnMapLookupElem: true, asm.FnMapUpdateElem: true, asm.FnMapDeleteElem: true,
+	asm.FnKtimeGetNs: true, asm.FnGetCurrentUidGid: true,
+	asm.FnRingbufReserve: true, asm.FnRingbufSubmit: true, asm.FnRingbufDiscard: true, asm.FnRingbufOutput: true,
+}
+
 func TestProbedHelpersCoverPrograms(t *testing.T) {
 	// Probe must check every helper a program needs beyond the base set, or
-	// it could pick a mode whose program then fails to load.
+	// it could pick a mode whose program then fails to load; and nothing
+	// more, or it could refuse a mode the kernel supports.
 	for name, probed := range map[string][]asm.BuiltinFunc{
 		"devfilter_scope":  scopeHelpers,
 		"devfilter_cgroup": perCgroupHelpers,
 	} {
+		called := map[asm.BuiltinFunc]bool{}
 		for _, h := range programHelpers(t, name) {
-			if linux61CgroupDeviceHelpers[h] && h != asm.FnGetLocalStorage && h != asm.FnGetCurrentTask &&
-				h != asm.FnProbeReadKernel && h != asm.FnProbeReadKernelStr {
-				continue
-			}
-			found := false
-			for _, p := range probed {
-				found = found || p == h
-			}
-			if !found {
+			called[h] = true
+			if !unprobedHelpers[h] && !slices.Contains(probed, h) {
 				t.Errorf("%s calls %s but Probe does not check it", name, h)
+			}
+		}
+		for _, h := range probed {
+			if !called[h] {
+				t.Errorf("Probe checks %s for %s, which does not call it", h, name)
 			}
 		}
 	}
 }
 
 func TestGeneratedLayout(t *testing.T) {
-	if got := unsafe.Sizeof(devfilterEvent{}); got != 72 {
-		t.Errorf("event is %d bytes, want 72", got)
+	if got := unsafe.Sizeof(devfilterEvent{}); got != 96 {
+		t.Errorf("event is %d bytes, want 96", got)
+	}
+	// The executable's identity came after the first layout's end.
+	if off := unsafe.Offsetof(devfilterEvent{}.ExeIno); off != eventLayout1Size {
+		t.Errorf("exe_ino at offset %d, want %d (after the first layout)", off, eventLayout1Size)
 	}
 	if got := unsafe.Sizeof(devfilterRateKey{}); got != 24 {
 		t.Errorf("rate key is %d bytes, want 24", got)
@@ -132,6 +172,7 @@ func TestDecodeEvent(t *testing.T) {
 	in := devfilterEvent{
 		CgroupId: 4242, KtimeNs: 1_500_000_000, Pid: 10, Tgid: 11, Uid: 1000, Gid: 100,
 		Major: 195, Minor: 3, Access: uint16(AccessRead | AccessWrite), Decision: uint8(DecisionDenied), Suppressed: 77,
+		ExeIno: 123456, ExeDev: 254<<20 | 3, StartBoottime: 9_000_000_000,
 	}
 	for i, c := range "devfilter.test\x00j" {
 		in.Comm[i] = int8(c)
@@ -145,9 +186,17 @@ func TestDecodeEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Event{CgroupID: 4242, Time: 1500 * 1e6, PID: 10, TGID: 11, UID: 1000, GID: 100,
-		Major: 195, Minor: 3, Access: AccessRead | AccessWrite, Decision: DecisionDenied, Comm: "devfilter.test", Suppressed: 77}
+		Major: 195, Minor: 3, Access: AccessRead | AccessWrite, Decision: DecisionDenied, Comm: "devfilter.test", Suppressed: 77,
+		Exe: ExeID{Ino: 123456, Major: 254, Minor: 3}, Start: 9 * time.Second}
 	if got != want {
 		t.Fatalf("decodeEvent() = %+v, want %+v", got, want)
+	}
+	// A record of the first layout, still in an adopted ring buffer after
+	// an upgrade: decoded, with no executable.
+	got, err = decodeEvent(buf.Bytes()[:eventLayout1Size])
+	want.Exe, want.Start = ExeID{}, 0
+	if err != nil || got != want || got.Exe.Known() {
+		t.Fatalf("decodeEvent(layout 1) = %+v, %v; want %+v", got, err, want)
 	}
 	if _, err := decodeEvent(buf.Bytes()[:20]); err == nil || !strings.Contains(err.Error(), "20 bytes") {
 		t.Fatalf("decodeEvent(short) error = %v", err)
@@ -165,7 +214,8 @@ func TestCgroupLevel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(mounts) != 2 || mounts[1].MountPoint != "/mnt/with space" || mounts[1].Root != "/system.slice" {
+	if len(mounts) != 2 || mounts[1].MountPoint != "/mnt/with space" || mounts[1].Root != "/system.slice" ||
+		mounts[1].ID != 41 || mounts[1].Major != 0 || mounts[1].Minor != 37 {
 		t.Fatalf("cgroup2Mounts() = %+v", mounts)
 	}
 	tests := []struct {
@@ -186,7 +236,9 @@ func TestCgroupLevel(t *testing.T) {
 			t.Errorf("cgroupLevel(%q) = %d, %v; want %d, error %v", tt.dir, got, err, tt.want, tt.wantErr)
 		}
 	}
-	if _, err := cgroup2Mounts(strings.NewReader("garbage\n")); err == nil {
-		t.Error("cgroup2Mounts accepted a malformed line")
+	for _, bad := range []string{"garbage\n", "x 1 0:20 / / rw - ext4 /dev/root rw\n", "22 1 020 / / rw - ext4 /dev/root rw\n"} {
+		if _, err := cgroup2Mounts(strings.NewReader(bad)); err == nil {
+			t.Errorf("cgroup2Mounts accepted the malformed line %q", bad)
+		}
 	}
 }

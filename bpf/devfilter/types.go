@@ -23,7 +23,7 @@ const (
 	// ModeScope attaches one program on the Slurm scope cgroup and looks up
 	// the policy of each access by the step (or job) cgroup of the task.
 	// Needs bpf_get_current_ancestor_cgroup_id for cgroup device programs
-	// (Linux >= 6.4).
+	// (Linux >= 6.1).
 	ModeScope Mode = "scope"
 	// ModePerCgroup attaches the program to each cgroup that gets a policy,
 	// with the policy in the attachment's cgroup storage. Cgroups that never
@@ -76,6 +76,13 @@ type Options struct {
 	CapsMajor uint32
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
+	// BeforeAttach, when set, is called with the loaded, configured and
+	// pinned filter before its program is attached to the scope, so that
+	// what it sets (the entries of running jobs the agent adopts, Slurm's
+	// exempt cgroups) is in the map from the program's first run. In
+	// ModePerCgroup, where every Set attaches, it is called after pinned
+	// links are taken over. An error fails New.
+	BeforeAttach func(*Filter) error
 	// AuditOnly allows every access and reports each one the policy would
 	// have denied as DecisionWouldDeny (for rollouts).
 	AuditOnly bool
@@ -177,6 +184,10 @@ type Cgroup struct {
 // Policy says which GPU devices a cgroup may open.
 type Policy struct {
 	AllowAll bool
+	// AuditOnly allows what the policy does not and reports it as
+	// would-deny, for this cgroup alone (a job adopted without slurmctld's
+	// confirmation, adopt_unconfirmed: audit-only).
+	AuditOnly bool
 	// GPUMinors are minors of the NVIDIA major, 0..253; sorted when returned.
 	GPUMinors []uint32
 	// CapsMinors are minors of the nvidia-caps major (MIG GPU and compute
@@ -185,7 +196,10 @@ type Policy struct {
 	CapsMinors []uint32
 }
 
-const policyAllowAll = 1 << 0
+const (
+	policyAllowAll  = 1 << 0
+	policyAuditOnly = 1 << 1
+)
 
 // bitmaps encodes the minors as the program reads them: bit n of word n/64.
 func (p Policy) bitmaps() (gpus [4]uint64, caps [capsWords]uint64, err error) {
@@ -208,14 +222,18 @@ func (p Policy) bitmaps() (gpus [4]uint64, caps [capsWords]uint64, err error) {
 }
 
 func (p Policy) flags() uint32 {
+	var f uint32
 	if p.AllowAll {
-		return policyAllowAll
+		f |= policyAllowAll
 	}
-	return 0
+	if p.AuditOnly {
+		f |= policyAuditOnly
+	}
+	return f
 }
 
 func policyFromBitmaps(flags uint32, gpus []uint64, caps []uint64) Policy {
-	return Policy{AllowAll: flags&policyAllowAll != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
+	return Policy{AllowAll: flags&policyAllowAll != 0, AuditOnly: flags&policyAuditOnly != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
 }
 
 func bitsOf(words []uint64) []uint32 {
@@ -303,7 +321,25 @@ type Event struct {
 	// key's entry was created. It only grows (but events from different
 	// CPUs can arrive out of order), so differences give exact counts.
 	Suppressed uint64
+	// Exe is the file the process executed, as the kernel saw it at the
+	// access (zero: unknown). /proc/<TGID>/exe, read later, may name
+	// another program if the process has exec'd since.
+	Exe ExeID
+	// Start is when the process (thread group leader) started, on
+	// CLOCK_BOOTTIME; 0 if unknown. A pid reused by another process has
+	// another start.
+	Start time.Duration
 }
+
+// ExeID identifies an executable file: its inode number and the device of
+// its file system's superblock. The zero value means unknown.
+type ExeID struct {
+	Ino          uint64
+	Major, Minor uint32
+}
+
+// Known says whether the kernel identified the file.
+func (x ExeID) Known() bool { return x.Ino != 0 }
 
 // RateKey is what reports are rate-limited by.
 type RateKey struct {

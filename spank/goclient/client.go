@@ -1,24 +1,26 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"io"
-	"net"
-	"os"
 	"slices"
+	"strconv"
 	"time"
 	"unicode/utf8"
-
-	"github.com/gpufence/gpufence/proto/agentclient"
-	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
 
 // errInvalid marks arguments the plugin should never have passed.
 var errInvalid = errors.New("invalid argument")
 
-// refusal is the agent's own error text, shown to the user as it is.
+type invalidArg struct{ what string }
+
+func (e *invalidArg) Error() string { return errInvalid.Error() + ": " + e.what }
+func (e *invalidArg) Unwrap() error { return errInvalid }
+
+func invalid(what string) error { return &invalidArg{what} }
+
+// refusal is the agent's own error text, shown to the user as it is (or a
+// listener that is not the agent: never trusted, never a reason for
+// failure=open).
 type refusal struct{ text string }
 
 func (r *refusal) Error() string { return r.text }
@@ -27,19 +29,18 @@ func (r *refusal) Error() string { return r.text }
 type stepResult struct {
 	GPUs              []uint32 // ascending, no duplicates
 	SlurmLocalIndices bool
+	// StepCgroup is the step's cgroup as /proc/<pid>/cgroup names it; the
+	// plugin checks each task is inside it before the task may exec.
+	StepCgroup string
 }
 
 func jobProlog(socket string, timeout time.Duration, jobID, uid uint32, jobGPUs *string) error {
-	_, err := call(socket, timeout, &pb.Request{Msg: &pb.Request_JobProlog{JobProlog: &pb.JobProlog{
-		JobId: jobID, Uid: uid, JobGpus: jobGPUs,
-	}}})
+	_, err := call(socket, timeout, jobPrologMsg(jobID, uid, jobGPUs))
 	return err
 }
 
 func jobEpilog(socket string, timeout time.Duration, jobID uint32) error {
-	_, err := call(socket, timeout, &pb.Request{Msg: &pb.Request_JobEpilog{JobEpilog: &pb.JobEpilog{
-		JobId: jobID,
-	}}})
+	_, err := call(socket, timeout, jobEpilogMsg(jobID))
 	return err
 }
 
@@ -47,27 +48,23 @@ func stepStart(socket string, timeout time.Duration, jobID, stepID, uid uint32, 
 	taskPIDs := make([]uint32, 0, len(pids))
 	for _, p := range pids {
 		if p <= 0 {
-			return stepResult{}, fmt.Errorf("%w: task pid %d", errInvalid, p)
+			return stepResult{}, invalid("task pid " + strconv.Itoa(int(p)))
 		}
 		taskPIDs = append(taskPIDs, uint32(p))
 	}
-	resp, err := call(socket, timeout, &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{
-		JobId: jobID, StepId: stepID, Uid: uid, StepGpus: stepGPUs, TaskPids: taskPIDs,
-	}}})
+	resp, err := call(socket, timeout, stepStartMsg(jobID, stepID, uid, stepGPUs, taskPIDs))
 	if err != nil {
 		return stepResult{}, err
 	}
 	// Local numbering is the rank in the allowed list, so it must be sorted
 	// whatever the agent sent.
-	gpus := slices.Clone(resp.GetGpus())
+	gpus := slices.Clone(resp.gpus)
 	slices.Sort(gpus)
-	return stepResult{GPUs: slices.Compact(gpus), SlurmLocalIndices: resp.GetSlurmLocalIndices()}, nil
+	return stepResult{GPUs: slices.Compact(gpus), SlurmLocalIndices: resp.slurmLocal, StepCgroup: resp.stepCgroup}, nil
 }
 
 func stepEnd(socket string, timeout time.Duration, jobID, stepID uint32) error {
-	_, err := call(socket, timeout, &pb.Request{Msg: &pb.Request_StepEnd{StepEnd: &pb.StepEnd{
-		JobId: jobID, StepId: stepID,
-	}}})
+	_, err := call(socket, timeout, stepEndMsg(jobID, stepID))
 	return err
 }
 
@@ -75,45 +72,51 @@ func stepEnd(socket string, timeout time.Duration, jobID, stepID uint32) error {
 // agent that is restarting to be listening again, short against timeout.
 const retryPause = 200 * time.Millisecond
 
-// call sends req, and when the agent could not be reached or did not answer
-// in time sends it once more after retryPause; a refusal is the agent's
-// decision and is not asked twice. One call waits at most 2×timeout in all:
-// the second try gets what is left of that. Sending a request twice is safe
-// because the agent treats a repeated request as the same one (init and
-// task_post_fork already both send StepStart).
-func call(socket string, timeout time.Duration, req *pb.Request) (*pb.Response, error) {
+// budget is what one call may take in all: one try of timeout, and a second
+// with what is left. An agent that hangs (stopped, wedged, crash-looping
+// behind systemd's socket) costs a step at most this, not a timeout per
+// callback and try.
+func budget(timeout time.Duration) time.Duration { return timeout + timeout/2 }
+
+// call sends the framed request and, when the agent could not be reached
+// or did not answer in time, sends it once more after retryPause, within
+// budget(timeout) in all; a refusal is the agent's decision and is not
+// asked twice. Sending a request twice is safe: the agent treats a
+// repeated request as the same one.
+func call(socket string, timeout time.Duration, frame []byte) (response, error) {
 	if socket == "" || timeout <= 0 {
-		return nil, fmt.Errorf("%w: socket %q, timeout %v", errInvalid, socket, timeout)
+		return response{}, invalid("socket " + strconv.Quote(socket) + ", timeout " + timeout.String())
 	}
-	req.Version = pb.ProtocolVersion_PROTOCOL_VERSION_1
-	deadline := time.Now().Add(2 * timeout)
-	resp, err := try(socket, timeout, req)
+	start := time.Now()
+	end := start.Add(budget(timeout))
+	resp, err := try(socket, start.Add(timeout), timeout, frame)
 	var u *unreachable
 	if !errors.As(err, &u) {
 		return resp, err
 	}
-	time.Sleep(retryPause)
-	left := min(timeout, time.Until(deadline))
-	if left <= 0 {
-		return nil, err
+	if time.Until(end) <= retryPause {
+		return response{}, err
 	}
-	resp, err2 := try(socket, left, req)
+	time.Sleep(retryPause)
+	resp, err2 := try(socket, end, timeout, frame)
 	if errors.As(err2, &u) {
-		// Keep the configured timeout in the text: the first try waited
-		// all of it.
+		// The text names the configured timeout the first try waited.
 		u.timeout = timeout
 	}
 	return resp, err2
 }
 
 // try is one exchange with the agent.
-func try(socket string, timeout time.Duration, req *pb.Request) (*pb.Response, error) {
-	resp, err := agentclient.Call(socket, req, timeout)
-	if errors.Is(err, agentclient.ErrAgent) && resp != nil {
-		return nil, &refusal{text: resp.GetError()}
-	}
-	if err != nil {
-		return nil, &unreachable{timeout: timeout, err: err}
+func try(socket string, deadline time.Time, timeout time.Duration, frame []byte) (response, error) {
+	resp, err := exchange(socket, deadline, frame)
+	var r *refusal
+	switch {
+	case errors.As(err, &r):
+		return response{}, err
+	case err != nil:
+		return response{}, &unreachable{timeout: timeout, err: err}
+	case resp.err != "":
+		return response{}, &refusal{text: resp.err}
 	}
 	return resp, nil
 }
@@ -130,16 +133,12 @@ func (u *unreachable) Unwrap() error { return u.err }
 // reason says in a few words why the agent gave no answer; the C side puts
 // it after the socket path.
 func (u *unreachable) reason() string {
-	var sysErr *os.SyscallError
-	var netErr net.Error
+	var se *sysErr
 	switch {
-	case errors.Is(u.err, os.ErrDeadlineExceeded), errors.Is(u.err, context.DeadlineExceeded),
-		errors.As(u.err, &netErr) && netErr.Timeout():
-		return fmt.Sprintf("no answer within %v", u.timeout)
-	case errors.Is(u.err, io.EOF), errors.Is(u.err, io.ErrUnexpectedEOF):
-		return "the agent closed the connection without answering"
-	case errors.As(u.err, &sysErr):
-		return fmt.Sprintf("%s: %v", sysErr.Syscall, sysErr.Err)
+	case errors.Is(u.err, errDeadline), errors.As(u.err, &se) && se.timeout():
+		return "no answer within " + u.timeout.String()
+	case errors.Is(u.err, errHungUp):
+		return errHungUp.Error()
 	}
 	return u.err.Error()
 }
@@ -163,7 +162,7 @@ func outcome(err error) (int, string) {
 // putGPUs copies gpus into dst and returns how many it wrote.
 func putGPUs(dst, gpus []uint32) (int, error) {
 	if len(gpus) > len(dst) {
-		return 0, fmt.Errorf("%w: agent allowed %d GPUs, room for %d", errInvalid, len(gpus), len(dst))
+		return 0, invalid("agent allowed " + strconv.Itoa(len(gpus)) + " GPUs, room for " + strconv.Itoa(len(dst)))
 	}
 	return copy(dst, gpus), nil
 }

@@ -17,7 +17,7 @@
 
 /* Bumped whenever a type below changes; the C side refuses a library that
  * reports another value. */
-#define GPUFENCE_GO_ABI 2
+#define GPUFENCE_GO_ABI 3
 
 /* Return codes. */
 #define GPUFENCE_OK 0
@@ -27,6 +27,11 @@
 #define GPUFENCE_E_UNREACHABLE 2
 /* The arguments were unusable (for example more GPUs than fit in gpus). */
 #define GPUFENCE_E_INVALID 3
+
+/*
+ * timeout_ms bounds one try; a call that gets no answer tries once more and
+ * takes at most 1.5 × timeout_ms in all (a refusal is never retried).
+ */
 
 /* Room the C side keeps for GPU indices and error texts. */
 #define GPUFENCE_MAX_GPUS 256
@@ -41,11 +46,15 @@ typedef int (*gpufence_job_prolog_fn)(char *socket, int timeout_ms,
 typedef int (*gpufence_job_epilog_fn)(char *socket, int timeout_ms,
 				      uint32_t job_id, char *err, int errlen);
 
+/* Room for the step's cgroup path (as /proc/<pid>/cgroup writes it). */
+#define GPUFENCE_CGROUP_LEN 4096
+
 /*
  * pids/npids: the task pids (npids may be 0). On GPUFENCE_OK, gpus[0..*ngpus)
- * holds the global GPU indices the step may open, ascending, and
+ * holds the global GPU indices the step may open, ascending,
  * *slurm_local_indices is 1 when Slurm already numbers CUDA_VISIBLE_DEVICES
- * locally.
+ * locally, and step_cgroup the step's cgroup as /proc/<pid>/cgroup names it
+ * ("" from an agent too old to say).
  */
 typedef int (*gpufence_step_start_fn)(char *socket, int timeout_ms,
 				      uint32_t job_id, uint32_t step_id,
@@ -53,6 +62,7 @@ typedef int (*gpufence_step_start_fn)(char *socket, int timeout_ms,
 				      int32_t *pids, int npids,
 				      uint32_t *gpus, int gpus_cap, int *ngpus,
 				      int *slurm_local_indices,
+				      char *step_cgroup, int step_cgroup_len,
 				      char *err, int errlen);
 
 typedef int (*gpufence_step_end_fn)(char *socket, int timeout_ms,

@@ -16,6 +16,7 @@ package main
 import "C"
 
 import (
+	"strconv"
 	"time"
 	"unsafe"
 )
@@ -52,6 +53,7 @@ func gpufence_job_epilog(socket *C.char, timeoutMS C.int, jobID C.uint32_t,
 func gpufence_step_start(socket *C.char, timeoutMS C.int, jobID, stepID, uid C.uint32_t,
 	stepGPUs *C.char, pids *C.int32_t, npids C.int,
 	gpus *C.uint32_t, gpusCap C.int, ngpus *C.int, slurmLocal *C.int,
+	stepCgroup *C.char, stepCgroupLen C.int,
 	errBuf *C.char, errLen C.int) C.int {
 	var taskPIDs []int32
 	if pids != nil && npids > 0 {
@@ -75,6 +77,14 @@ func gpufence_step_start(socket *C.char, timeoutMS C.int, jobID, stepID, uid C.u
 			*slurmLocal = 0
 			if res.SlurmLocalIndices {
 				*slurmLocal = 1
+			}
+		}
+		if stepCgroup != nil && stepCgroupLen > 0 {
+			dst := unsafe.Slice((*byte)(unsafe.Pointer(stepCgroup)), int(stepCgroupLen))
+			if len(res.StepCgroup) >= len(dst) {
+				err = invalid("step cgroup path longer than " + strconv.Itoa(len(dst)-1) + " bytes")
+			} else {
+				putText(dst, res.StepCgroup)
 			}
 		}
 	}

@@ -51,31 +51,32 @@ func TestRefusalIsNotRetried(t *testing.T) {
 	}
 }
 
-// One call waits at most about 2×timeout, with two tries.
+// One call waits at most 1.5×timeout in all, with two tries: an agent that
+// accepts and never answers (stopped, wedged) costs the step no more.
 func TestRetryBudget(t *testing.T) {
-	const timeout = 400 * time.Millisecond
+	const timeout = time.Second
 	silent := fakeagent.Start(t, func(*pb.Request) *pb.Response { return nil })
 	start := time.Now()
 	err := jobEpilog(silent.Socket, timeout, 7)
 	elapsed := time.Since(start)
-	if code, text := outcome(err); code != codeUnreachable || text != "no answer within 400ms" {
-		t.Errorf("outcome = %d %q, want unreachable, no answer within 400ms", code, text)
+	if code, text := outcome(err); code != codeUnreachable || text != "no answer within 1s" {
+		t.Errorf("outcome = %d %q, want unreachable, no answer within 1s", code, text)
 	}
 	if got := len(silent.Requests()); got != 2 {
 		t.Errorf("agent saw %d requests, want 2", got)
 	}
-	if elapsed < 2*timeout-50*time.Millisecond || elapsed > 2*timeout+150*time.Millisecond {
-		t.Errorf("silent agent: took %v, want about %v", elapsed, 2*timeout)
+	if want := budget(timeout); elapsed < want-50*time.Millisecond || elapsed > want+150*time.Millisecond {
+		t.Errorf("silent agent: took %v, want about %v", elapsed, want)
 	}
 
-	// Nothing listening fails at once twice: one pause, far below 2×timeout.
+	// Nothing listening fails at once twice: one pause, far below the budget.
 	start = time.Now()
 	err = jobEpilog(fakeagent.AbsentSocket(t), timeout, 7)
 	elapsed = time.Since(start)
 	if code, _ := outcome(err); code != codeUnreachable {
 		t.Errorf("absent agent: code %d, want unreachable", code)
 	}
-	if elapsed < retryPause || elapsed > 2*timeout {
-		t.Errorf("absent agent: took %v, want a %v pause between two tries and under %v", elapsed, retryPause, 2*timeout)
+	if elapsed < retryPause || elapsed > timeout {
+		t.Errorf("absent agent: took %v, want a %v pause between two tries and under %v", elapsed, retryPause, timeout)
 	}
 }

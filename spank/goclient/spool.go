@@ -1,12 +1,13 @@
 package main
 
 import (
-	"encoding/json"
-	"fmt"
+	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 // failOpen is one line of the fail-open spool (plugstack spool=, default
@@ -21,12 +22,50 @@ import (
 // the agent could not be reached. docs/configuration.md documents this
 // format for administrators; keep the two in step.
 type failOpen struct {
-	Time   string `json:"time"` // RFC 3339, local time with offset
-	JobID  uint32 `json:"job_id"`
-	StepID string `json:"step_id"`
-	UID    uint32 `json:"uid"`
-	Node   string `json:"node"` // the host name
-	Reason string `json:"reason"`
+	Time   string // RFC 3339, local time with offset
+	JobID  uint32
+	StepID string
+	UID    uint32
+	Node   string // the host name
+	Reason string
+}
+
+// line renders rec as one JSON object and a newline. (encoding/json's init
+// would be paid by every slurmstepd for a line most never write.)
+func (rec failOpen) line() []byte {
+	b := []byte(`{"time":`)
+	b = appendJSONString(b, rec.Time)
+	b = append(b, `,"job_id":`...)
+	b = strconv.AppendUint(b, uint64(rec.JobID), 10)
+	b = append(b, `,"step_id":`...)
+	b = appendJSONString(b, rec.StepID)
+	b = append(b, `,"uid":`...)
+	b = strconv.AppendUint(b, uint64(rec.UID), 10)
+	b = append(b, `,"node":`...)
+	b = appendJSONString(b, rec.Node)
+	b = append(b, `,"reason":`...)
+	b = appendJSONString(b, rec.Reason)
+	return append(b, "}\n"...)
+}
+
+// appendJSONString quotes s as a JSON string: control characters, quotes
+// and backslashes escaped, invalid UTF-8 replaced.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b = append(b, '\\', byte(r))
+		case r < 0x20 || r == 0x7f || r == 0x2028 || r == 0x2029:
+			b = append(b, '\\', 'u', hex[r>>12&15], hex[r>>8&15], hex[r>>4&15], hex[r&15])
+		case r == utf8.RuneError:
+			b = append(b, "\ufffd"...)
+		default:
+			b = utf8.AppendRune(b, r)
+		}
+	}
+	return append(b, '"')
 }
 
 // appendFailOpen appends rec to the spool at path, creating its folder
@@ -35,35 +74,30 @@ type failOpen struct {
 // regular file of ours, because slurmstepd runs this as root.
 func appendFailOpen(path string, rec failOpen) error {
 	if !filepath.IsAbs(path) {
-		return fmt.Errorf("spool %q: not an absolute path", path)
+		return errors.New("spool " + strconv.Quote(path) + ": not an absolute path")
 	}
-	line, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("spool %s: %w", path, err)
-	}
-	line = append(line, '\n')
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("spool folder: %w", err)
+		return errors.New("spool folder: " + err.Error())
 	}
 	if err := checkDir(dir); err != nil {
 		return err
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return fmt.Errorf("open spool: %w", err)
+		return errors.New("open spool: " + err.Error())
 	}
 	err = checkFile(f)
 	if err == nil {
 		// One write of one line: O_APPEND keeps lines from two
 		// slurmstepds whole.
-		_, err = f.Write(line)
+		_, err = f.Write(rec.line())
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("write spool %s: %w", path, err)
+		return errors.New("write spool " + path + ": " + err.Error())
 	}
 	return nil
 }
@@ -71,10 +105,10 @@ func appendFailOpen(path string, rec failOpen) error {
 func checkDir(dir string) error {
 	fi, err := os.Lstat(dir)
 	if err != nil {
-		return fmt.Errorf("spool folder: %w", err)
+		return errors.New("spool folder: " + err.Error())
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("spool folder %s: not a folder", dir)
+		return errors.New("spool folder " + dir + ": not a folder")
 	}
 	return checkOwner(dir, fi)
 }
@@ -85,7 +119,7 @@ func checkFile(f *os.File) error {
 		return err
 	}
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("not a regular file")
+		return errors.New("not a regular file")
 	}
 	return checkOwner(f.Name(), fi)
 }
@@ -95,10 +129,10 @@ func checkFile(f *os.File) error {
 func checkOwner(path string, fi os.FileInfo) error {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok || int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("%s: not owned by uid %d", path, os.Geteuid())
+		return errors.New(path + ": not owned by uid " + strconv.Itoa(os.Geteuid()))
 	}
 	if fi.Mode().Perm()&0o022 != 0 {
-		return fmt.Errorf("%s: writable by others (mode %#o)", path, fi.Mode().Perm())
+		return errors.New(path + ": writable by others (mode 0" + strconv.FormatUint(uint64(fi.Mode().Perm()), 8) + ")")
 	}
 	return nil
 }

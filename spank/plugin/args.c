@@ -2,60 +2,70 @@
 #include "args.h"
 
 #include <dlfcn.h>
-#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define KNOWN "(known: socket, timeout, golib, failure, spool)"
 
-static int set_path(char *dst, size_t size, const char *key, const char *val,
+/*
+ * "%.*s%s" arguments quoting at most GF_ARG_SHOWN bytes of an argument, so
+ * that what is wrong with a long one still fits the message.
+ */
+#define SHOWN(a)                                                        \
+	(int)(strlen(a) > GF_ARG_SHOWN ? GF_ARG_SHOWN : strlen(a)), (a), \
+		(strlen(a) > GF_ARG_SHOWN ? "..." : "")
+
+static int set_path(char *dst, size_t size, const char *arg, const char *val,
 		    char *err, size_t errlen)
 {
 	if (val[0] != '/') {
 		snprintf(err, errlen,
-			 "option \"%s=%s\" in plugstack.conf: not an absolute path",
-			 key, val);
+			 "option \"%.*s%s\" in plugstack.conf: not an absolute path",
+			 SHOWN(arg));
 		return -1;
 	}
 	if (strlen(val) >= size) {
 		snprintf(err, errlen,
-			 "option \"%s=%s\" in plugstack.conf: longer than %zu bytes",
-			 key, val, size - 1);
+			 "option \"%.*s%s\" in plugstack.conf: longer than %zu bytes",
+			 SHOWN(arg), size - 1);
 		return -1;
 	}
 	strcpy(dst, val);
 	return 0;
 }
 
-static int set_timeout(int *dst, const char *val, char *err, size_t errlen)
+static int set_timeout(int *dst, const char *arg, const char *val, char *err,
+		       size_t errlen)
 {
-	char *end;
-	long v;
+	long v = 0;
+	const char *p;
 
-	errno = 0;
-	v = strtol(val, &end, 10);
-	if (errno || end == val || *end || val[0] == '+' || val[0] == '-' ||
-	    v < 1 || v > 3600) {
+	/* Digits only: strtol alone would take blanks and a sign. */
+	for (p = val; *p >= '0' && *p <= '9' && v <= 3600; p++)
+		v = v * 10 + (*p - '0');
+	for (; *p >= '0' && *p <= '9'; p++)
+		;
+	if (p == val || *p || v < 1 || v > 3600) {
 		snprintf(err, errlen,
-			 "option \"timeout=%s\" in plugstack.conf: want whole seconds from 1 to 3600",
-			 val);
+			 "option \"%.*s%s\" in plugstack.conf: want whole seconds from 1 to 3600",
+			 SHOWN(arg));
 		return -1;
 	}
 	*dst = (int)v;
 	return 0;
 }
 
-static int set_failure(int *dst, const char *val, char *err, size_t errlen)
+static int set_failure(int *dst, const char *arg, const char *val, char *err,
+		       size_t errlen)
 {
 	if (!strcmp(val, "closed") || !strcmp(val, "open")) {
 		*dst = val[0] == 'o';
 		return 0;
 	}
 	snprintf(err, errlen,
-		 "option \"failure=%s\" in plugstack.conf: want closed or open",
-		 val);
+		 "option \"%.*s%s\" in plugstack.conf: want closed or open",
+		 SHOWN(arg));
 	return -1;
 }
 
@@ -110,8 +120,8 @@ int gf_config_parse(int ac, char **av, struct gf_config *cfg, char *err,
 				break;
 		if (o == NOPTS) {
 			snprintf(err, errlen,
-				 "unknown option \"%s\" in plugstack.conf " KNOWN,
-				 arg);
+				 "unknown option \"%.*s%s\" in plugstack.conf " KNOWN,
+				 SHOWN(arg));
 			return -1;
 		}
 		if (seen[o]) {
@@ -123,22 +133,24 @@ int gf_config_parse(int ac, char **av, struct gf_config *cfg, char *err,
 		seen[o] = true;
 		switch (o) {
 		case OPT_SOCKET:
-			rc = set_path(cfg->socket, sizeof(cfg->socket),
-				      "socket", val, err, errlen);
+			rc = set_path(cfg->socket, sizeof(cfg->socket), arg,
+				      val, err, errlen);
 			break;
 		case OPT_TIMEOUT:
-			rc = set_timeout(&cfg->timeout_s, val, err, errlen);
+			rc = set_timeout(&cfg->timeout_s, arg, val, err,
+					 errlen);
 			break;
 		case OPT_GOLIB:
-			rc = set_path(cfg->golib, sizeof(cfg->golib), "golib",
-				      val, err, errlen);
+			rc = set_path(cfg->golib, sizeof(cfg->golib), arg, val,
+				      err, errlen);
 			break;
 		case OPT_FAILURE:
-			rc = set_failure(&cfg->fail_open, val, err, errlen);
+			rc = set_failure(&cfg->fail_open, arg, val, err,
+					 errlen);
 			break;
 		default:
-			rc = set_path(cfg->spool, sizeof(cfg->spool), "spool",
-				      val, err, errlen);
+			rc = set_path(cfg->spool, sizeof(cfg->spool), arg, val,
+				      err, errlen);
 		}
 		if (rc)
 			return rc;

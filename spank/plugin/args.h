@@ -9,6 +9,8 @@
 #define GF_DEFAULT_TIMEOUT_S 10
 #define GF_GOLIB_NAME "spank_gpufence_go.so"
 #define GF_DEFAULT_SPOOL "/var/spool/gpufence/failopen.jsonl"
+/* Bytes of an argument an error message quotes; longer ones are cut. */
+#define GF_ARG_SHOWN 80
 
 struct gf_config {
 	char socket[108]; /* sizeof(sockaddr_un.sun_path) */

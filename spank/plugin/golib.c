@@ -2,16 +2,34 @@
 #include "golib.h"
 
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 /*
- * The Go library, once loaded and checked. Go links it NODELETE and a Go
- * runtime cannot be unloaded, so it is never dlclose()d; a failed load is
- * tried again on the next call.
+ * Every call into the Go client runs in a child process forked for it: the
+ * Go runtime is loaded and started there and exits with it, never in the
+ * caller. A Go runtime living in slurmstepd would cost every step more
+ * than the exchange itself: its start, a slower fork of each task, and
+ * each of Slurm's uid switches signalling its threads (docs/architecture.md,
+ * "Step launch cost"). The child writes its answer into a pipe.
  */
+
+/* What the child sends back. */
+struct answer {
+	int rc;
+	struct gf_step_result res;
+	char err[GPUFENCE_ERR_LEN];
+};
+
 static struct {
-	void *handle;
 	gpufence_job_prolog_fn job_prolog;
 	gpufence_job_epilog_fn job_epilog;
 	gpufence_step_start_fn step_start;
@@ -19,14 +37,13 @@ static struct {
 	gpufence_spool_failopen_fn spool_failopen;
 } go;
 
+/* In the child: load and check the library. */
 static int load(const char *path, char *err, size_t errlen)
 {
 	void *h;
 	gpufence_abi_version_fn abi;
 	const char *e;
 
-	if (go.handle)
-		return GPUFENCE_OK;
 	dlerror();
 	if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL))) {
 		e = dlerror();
@@ -42,47 +59,191 @@ static int load(const char *path, char *err, size_t errlen)
 		h, "gpufence_spool_failopen");
 	if (!abi || !go.job_prolog || !go.job_epilog || !go.step_start ||
 	    !go.step_end || !go.spool_failopen) {
-		snprintf(err, errlen, "%s: not a gpufence client library", path);
+		snprintf(err, errlen, "%.400s: not a gpufence client library", path);
 		return GF_E_LOAD;
 	}
 	if (abi() != GPUFENCE_GO_ABI) {
 		snprintf(err, errlen,
-			 "%s: client library ABI %d, this plugin needs %d (install matching versions)",
+			 "%.400s: client library ABI %d, this plugin needs %d (install matching versions)",
 			 path, abi(), GPUFENCE_GO_ABI);
 		return GF_E_LOAD;
 	}
-	go.handle = h;
 	return GPUFENCE_OK;
 }
+
+/* The Go side takes char *; it never writes through these. */
+#define MUT(s) ((char *)(s))
+
+enum call_kind { CALL_PROLOG, CALL_EPILOG, CALL_STEP_START, CALL_STEP_END, CALL_SPOOL };
+
+struct call {
+	enum call_kind kind;
+	const struct gf_config *cfg;
+	uint32_t job_id, step_id, uid;
+	const char *str;  /* job_gpus, step_gpus, or the step name (spool) */
+	const char *str2; /* reason (spool) */
+	const int32_t *pids;
+	int npids;
+};
 
 static int timeout_ms(const struct gf_config *cfg)
 {
 	return cfg->timeout_s * 1000;
 }
 
-/* The Go side takes char *; it never writes through these. */
-#define MUT(s) ((char *)(s))
+/* In the child: the call itself. */
+static void run(const struct call *c, struct answer *a)
+{
+	const struct gf_config *cfg = c->cfg;
+	char *err = a->err;
+	int errlen = (int)sizeof(a->err);
+
+	a->rc = load(cfg->golib, a->err, sizeof(a->err));
+	if (a->rc)
+		return;
+	switch (c->kind) {
+	case CALL_PROLOG:
+		a->rc = go.job_prolog(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
+				      c->uid, MUT(c->str), err, errlen);
+		break;
+	case CALL_EPILOG:
+		a->rc = go.job_epilog(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
+				      err, errlen);
+		break;
+	case CALL_STEP_START:
+		a->rc = go.step_start(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
+				      c->step_id, c->uid, MUT(c->str),
+				      (int32_t *)c->pids, c->npids, a->res.gpus,
+				      GPUFENCE_MAX_GPUS, &a->res.ngpus,
+				      &a->res.slurm_local_indices,
+				      a->res.step_cgroup,
+				      (int)sizeof(a->res.step_cgroup), err, errlen);
+		break;
+	case CALL_STEP_END:
+		a->rc = go.step_end(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
+				    c->step_id, err, errlen);
+		break;
+	case CALL_SPOOL:
+		a->rc = go.spool_failopen(MUT(cfg->spool), c->job_id, MUT(c->str),
+					  c->uid, MUT(c->str2), err, errlen);
+		break;
+	}
+}
+
+static long long now_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void reap(pid_t pid)
+{
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	/* ECHILD: a reaper of the caller's (SIGCHLD ignored) was first. */
+}
+
+/*
+ * Runs the call in a child and returns its code, with err filled on
+ * failure. The child takes at most 1.5 × timeout (the Go side's budget);
+ * the parent waits that and a second for the child's start, then kills it.
+ */
+static int isolated(const struct call *c, struct answer *a, char *err,
+		    size_t errlen)
+{
+	int fds[2];
+	pid_t pid;
+	size_t got = 0;
+	long long deadline;
+	int rc;
+
+	memset(a, 0, sizeof(*a));
+	if (pipe2(fds, O_CLOEXEC)) {
+		snprintf(err, errlen, "cannot start the gpufence client: pipe: %s", strerror(errno));
+		return GPUFENCE_E_INVALID;
+	}
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0) {
+		snprintf(err, errlen, "cannot start the gpufence client: fork: %s", strerror(errno));
+		close(fds[0]);
+		close(fds[1]);
+		return GPUFENCE_E_INVALID;
+	}
+	if (pid == 0) {
+		const char *p = (const char *)a;
+		size_t n = 0;
+
+		close(fds[0]);
+		signal(SIGPIPE, SIG_IGN);
+		run(c, a);
+		while (n < sizeof(*a)) {
+			ssize_t w = write(fds[1], p + n, sizeof(*a) - n);
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				_exit(1);
+			n += (size_t)w;
+		}
+		_exit(0);
+	}
+	close(fds[1]);
+	deadline = now_ms() + c->cfg->timeout_s * 1500LL + 1000;
+	while (got < sizeof(*a)) {
+		struct pollfd pfd = { .fd = fds[0], .events = POLLIN };
+		long long left = deadline - now_ms();
+		ssize_t r;
+
+		if (left <= 0) {
+			kill(pid, SIGKILL);
+			break;
+		}
+		rc = poll(&pfd, 1, (int)left);
+		if (rc < 0 && errno == EINTR)
+			continue;
+		if (rc <= 0) {
+			if (rc == 0)
+				kill(pid, SIGKILL);
+			break;
+		}
+		r = read(fds[0], (char *)a + got, sizeof(*a) - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+	}
+	close(fds[0]);
+	reap(pid);
+	if (got < sizeof(*a)) {
+		snprintf(err, errlen, "the gpufence client process (pid %d) ended without an answer", (int)pid);
+		return GPUFENCE_E_UNREACHABLE;
+	}
+	a->err[sizeof(a->err) - 1] = 0;
+	a->res.step_cgroup[sizeof(a->res.step_cgroup) - 1] = 0;
+	if (a->rc != GPUFENCE_OK)
+		snprintf(err, errlen, "%s", a->err);
+	return a->rc;
+}
 
 int gf_go_job_prolog(const struct gf_config *cfg, uint32_t job_id, uint32_t uid,
 		     const char *job_gpus, char *err, size_t errlen)
 {
-	int rc = load(cfg->golib, err, errlen);
+	struct call c = { .kind = CALL_PROLOG, .cfg = cfg, .job_id = job_id, .uid = uid, .str = job_gpus };
+	struct answer a;
 
-	if (rc)
-		return rc;
-	return go.job_prolog(MUT(cfg->socket), timeout_ms(cfg), job_id, uid,
-			     MUT(job_gpus), err, (int)errlen);
+	return isolated(&c, &a, err, errlen);
 }
 
 int gf_go_job_epilog(const struct gf_config *cfg, uint32_t job_id, char *err,
 		     size_t errlen)
 {
-	int rc = load(cfg->golib, err, errlen);
+	struct call c = { .kind = CALL_EPILOG, .cfg = cfg, .job_id = job_id };
+	struct answer a;
 
-	if (rc)
-		return rc;
-	return go.job_epilog(MUT(cfg->socket), timeout_ms(cfg), job_id, err,
-			     (int)errlen);
+	return isolated(&c, &a, err, errlen);
 }
 
 int gf_go_step_start(const struct gf_config *cfg, uint32_t job_id,
@@ -90,38 +251,34 @@ int gf_go_step_start(const struct gf_config *cfg, uint32_t job_id,
 		     const int32_t *pids, int npids, struct gf_step_result *res,
 		     char *err, size_t errlen)
 {
-	int rc = load(cfg->golib, err, errlen);
+	struct call c = { .kind = CALL_STEP_START, .cfg = cfg, .job_id = job_id, .step_id = step_id,
+			  .uid = uid, .str = step_gpus, .pids = pids, .npids = npids };
+	struct answer a;
+	int rc = isolated(&c, &a, err, errlen);
 
 	memset(res, 0, sizeof(*res));
-	if (rc)
-		return rc;
-	return go.step_start(MUT(cfg->socket), timeout_ms(cfg), job_id, step_id,
-			     uid, MUT(step_gpus), (int32_t *)pids, npids,
-			     res->gpus, GPUFENCE_MAX_GPUS, &res->ngpus,
-			     &res->slurm_local_indices, err, (int)errlen);
+	if (rc == GPUFENCE_OK)
+		*res = a.res;
+	return rc;
 }
 
 int gf_go_step_end(const struct gf_config *cfg, uint32_t job_id,
 		   uint32_t step_id, char *err, size_t errlen)
 {
-	int rc = load(cfg->golib, err, errlen);
+	struct call c = { .kind = CALL_STEP_END, .cfg = cfg, .job_id = job_id, .step_id = step_id };
+	struct answer a;
 
-	if (rc)
-		return rc;
-	return go.step_end(MUT(cfg->socket), timeout_ms(cfg), job_id, step_id,
-			   err, (int)errlen);
+	return isolated(&c, &a, err, errlen);
 }
 
 int gf_go_spool_failopen(const struct gf_config *cfg, uint32_t job_id,
 			 const char *step, uint32_t uid, const char *reason,
 			 char *err, size_t errlen)
 {
-	int rc = load(cfg->golib, err, errlen);
+	struct call c = { .kind = CALL_SPOOL, .cfg = cfg, .job_id = job_id, .uid = uid, .str = step, .str2 = reason };
+	struct answer a;
 
-	if (rc)
-		return rc;
-	return go.spool_failopen(MUT(cfg->spool), job_id, MUT(step), uid,
-				 MUT(reason), err, (int)errlen);
+	return isolated(&c, &a, err, errlen);
 }
 
 void gf_describe_failure(const struct gf_config *cfg, int code,

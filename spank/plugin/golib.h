@@ -1,6 +1,7 @@
 /*
- * Lazy loading of the Go client (spank_gpufence_go.so) and calls into it.
- * Only slurmstepd's parent process and the prolog/epilog process call these;
+ * Calls into the Go client (spank_gpufence_go.so), each in a child process
+ * forked for it, so that no Go runtime ever starts in the caller. Only
+ * slurmstepd's parent process and the prolog/epilog process call these;
  * never srun, sbatch, salloc, slurmd or a forked task child.
  */
 #ifndef GPUFENCE_GOLIB_H
@@ -19,6 +20,9 @@ struct gf_step_result {
 	uint32_t gpus[GPUFENCE_MAX_GPUS];
 	int ngpus;
 	int slurm_local_indices;
+	/* The step's cgroup as /proc/<pid>/cgroup names it; "" when the
+	 * agent did not say (an older agent). */
+	char step_cgroup[GPUFENCE_CGROUP_LEN];
 };
 
 /*

@@ -74,18 +74,6 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	}
 }
 
-int slurm_spank_exit(spank_t sp, int ac, char **av)
-{
-	(void)ac;
-	(void)av;
-	switch (spank_context()) {
-	case S_CTX_REMOTE:
-		return gf_remote_exit(sp);
-	default:
-		return 0;
-	}
-}
-
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
 	switch (spank_context()) {

@@ -1,4 +1,9 @@
-/* slurmstepd (remote context): register the step, gate its tasks, renumber. */
+/*
+ * slurmstepd (remote context): register the step in init (its one exchange
+ * with the agent), check in task_post_fork that each task is in the
+ * registered step's cgroup, gate the tasks on that, renumber in task_init.
+ * The step's end needs no call: the agent sees its cgroup go.
+ */
 #include "remote.h"
 
 #include <stdbool.h>
@@ -22,8 +27,10 @@ static struct {
 	bool have_config;
 	struct gf_config cfg;
 	bool registered; /* the agent answered StepStart in init */
+	int rc;		 /* init's failure code when not registered */
 	struct gf_step_result res;
 	char reason[GPUFENCE_ERR_LEN * 2]; /* why not, for the logs and the batch refusal */
+	char cause[GPUFENCE_ERR_LEN];	   /* the client's own words, for the spool */
 } stash;
 
 /*
@@ -41,7 +48,6 @@ struct gate {
 	int refused;
 	int confirmed;
 	int unfiltered; /* failure=open let the step run without the agent */
-	struct gf_step_result res;
 	char msg[GPUFENCE_ERR_LEN * 3];
 };
 static struct gate *gate;
@@ -141,23 +147,63 @@ int gf_remote_init(spank_t sp, int ac, char **av)
 		return 0;
 	}
 	step_name(step_id, step, sizeof(step));
+	/*
+	 * The step's one exchange with the agent: its tries and their
+	 * timeouts are all the step waits (1.5 x timeout at most); a failure
+	 * here is the step's verdict, not tried again by later callbacks.
+	 */
 	rc = gf_go_step_start(&stash.cfg, job_id, step_id, uid,
 			      job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
-			      NULL, 0, &stash.res, stash.reason,
-			      sizeof(stash.reason));
+			      NULL, 0, &stash.res, stash.cause,
+			      sizeof(stash.cause));
 	if (rc != GPUFENCE_OK) {
-		gf_describe_failure(&stash.cfg, rc, stash.reason, msg,
+		stash.rc = rc;
+		gf_describe_failure(&stash.cfg, rc, stash.cause, msg,
 				    sizeof(msg));
-		gf_error("job %u step %s: %s; trying again when its tasks start",
-			 job_id, step, msg);
+		gf_error("job %u step %s: %s", job_id, step, msg);
 		snprintf(stash.reason, sizeof(stash.reason), "%s", msg);
 		return 0;
 	}
 	stash.registered = true;
-	gf_debug("job %u step %s registered: %d GPUs%s", job_id, step,
-		 stash.res.ngpus,
-		 stash.res.slurm_local_indices ? ", Slurm numbers them" : "");
+	gf_debug("job %u step %s registered: %d GPUs%s, cgroup %s", job_id,
+		 step, stash.res.ngpus,
+		 stash.res.slurm_local_indices ? ", Slurm numbers them" : "",
+		 stash.res.step_cgroup[0] ? stash.res.step_cgroup : "(not said)");
 	return 0;
+}
+
+/*
+ * Whether pid runs inside the cgroup step (as /proc/<pid>/cgroup names
+ * cgroups): every task must be in the step whose policy the agent set
+ * before it may exec. 0 when it is; otherwise -1 with where it is in where.
+ */
+static int task_in_step(pid_t pid, const char *step, char *where, size_t len)
+{
+	char path[64], line[GPUFENCE_CGROUP_LEN + 8];
+	size_t n = strlen(step);
+	FILE *f;
+	int found = -1;
+
+	snprintf(where, len, "(no cgroup v2 entry)");
+	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+	if (!(f = fopen(path, "re"))) {
+		snprintf(where, len, "(%s: %m)", path);
+		return -1;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *cg;
+
+		if (strncmp(line, "0::", 3))
+			continue;
+		cg = line + 3;
+		cg[strcspn(cg, "\n")] = 0;
+		snprintf(where, len, "%.*s", (int)(len - 1), cg);
+		if (!strncmp(cg, step, n) && (cg[n] == 0 || cg[n] == '/'))
+			found = 0;
+		break;
+	}
+	fclose(f);
+	return found;
 }
 
 /*
@@ -187,12 +233,13 @@ static void fail_open(uint32_t job_id, const char *step, uint32_t uid,
 
 int gf_remote_task_post_fork(spank_t sp)
 {
-	uint32_t job_id, step_id, uid;
+	uint32_t job_id = 0, step_id, uid;
 	pid_t pid;
 	int32_t pids[1];
 	struct gf_step_result res;
-	char env[ENV_LEN], step[32], reason[GPUFENCE_ERR_LEN],
-		msg[GPUFENCE_ERR_LEN * 2], full[GPUFENCE_ERR_LEN * 3];
+	char env[ENV_LEN], step[32] = "?", reason[GPUFENCE_ERR_LEN],
+		where[GPUFENCE_CGROUP_LEN], msg[GPUFENCE_ERR_LEN * 2],
+		full[GPUFENCE_ERR_LEN * 3];
 	int rc;
 
 	/* The extern step calls this without a task: nothing to gate. */
@@ -200,33 +247,42 @@ int gf_remote_task_post_fork(spank_t sp)
 		return 0;
 	if (!stash.have_config) {
 		snprintf(msg, sizeof(msg), "%s", stash.reason);
-		job_id = 0;
-		snprintf(step, sizeof(step), "?");
 	} else if (step_ids(sp, &job_id, &step_id, &uid)) {
 		snprintf(msg, sizeof(msg), "cannot read the job id, step id or uid from Slurm");
-		snprintf(step, sizeof(step), "?");
-	} else {
+	} else if (!stash.registered) {
 		/* One verdict, log line and spool line per step, not per task. */
 		if (gate && __atomic_load_n(&gate->unfiltered, __ATOMIC_SEQ_CST))
 			return 0;
+		step_name(step_id, step, sizeof(step));
+		snprintf(msg, sizeof(msg), "%s", stash.reason);
+		if (stash.rc == GPUFENCE_E_UNREACHABLE && stash.cfg.fail_open &&
+		    !(gate && __atomic_load_n(&gate->refused, __ATOMIC_SEQ_CST))) {
+			fail_open(job_id, step, uid, stash.cause, msg);
+			return 0;
+		}
+	} else if (stash.res.step_cgroup[0]) {
+		/* Checked here, with no second exchange with the agent. */
+		step_name(step_id, step, sizeof(step));
+		if (task_in_step(pid, stash.res.step_cgroup, where, sizeof(where)) == 0) {
+			if (gate)
+				__atomic_add_fetch(&gate->confirmed, 1, __ATOMIC_SEQ_CST);
+			return 0;
+		}
+		snprintf(msg, sizeof(msg), "task pid %d is in cgroup %.400s, not in its step's cgroup %.400s",
+			 (int)pid, where, stash.res.step_cgroup);
+	} else {
+		/* An agent too old to name the step's cgroup checks the task. */
 		step_name(step_id, step, sizeof(step));
 		pids[0] = (int32_t)pid;
 		rc = gf_go_step_start(&stash.cfg, job_id, step_id, uid,
 				      job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
 				      pids, 1, &res, reason, sizeof(reason));
 		if (rc == GPUFENCE_OK) {
-			if (gate) {
-				gate->res = res;
+			if (gate)
 				__atomic_add_fetch(&gate->confirmed, 1, __ATOMIC_SEQ_CST);
-			}
 			return 0;
 		}
 		gf_describe_failure(&stash.cfg, rc, reason, msg, sizeof(msg));
-		if (rc == GPUFENCE_E_UNREACHABLE && stash.cfg.fail_open &&
-		    !(gate && __atomic_load_n(&gate->refused, __ATOMIC_SEQ_CST))) {
-			fail_open(job_id, step, uid, reason, msg);
-			return 0;
-		}
 	}
 	snprintf(full, sizeof(full),
 		 "%s; refusing to start job %u step %s without GPU isolation (ask the cluster administrators to check the gpufence agent on this node)",
@@ -281,15 +337,12 @@ int gf_remote_task_init(spank_t sp)
 			gf_error("%s", gate->msg);
 			return 0;
 		}
-		if (refused || !confirmed) {
+		if (refused || !confirmed || !stash.registered) {
 			gf_error("%s", gate->msg[0] ? gate->msg :
 				 "the step was not confirmed by the gpufence agent; refusing to start it without GPU isolation");
 			return -1;
 		}
-		/* post_fork's answer, which init may not have had. */
-		gpus = gate->res.gpus;
-		ngpus = gate->res.ngpus;
-		if (gate->res.slurm_local_indices)
+		if (stash.res.slurm_local_indices)
 			flags |= GF_RENUMBER_SLURM_LOCAL;
 	} else if (stash.registered) {
 		if (stash.res.slurm_local_indices)
@@ -300,11 +353,11 @@ int gf_remote_task_init(spank_t sp)
 		return -1;
 	} else {
 		/*
-		 * No gate and only task_post_fork reached the agent, whose
-		 * answer stayed in the parent. Fall back to the variable Slurm
-		 * overwrites for this kind of step; a forged value only
-		 * misnumbers the user's own view, the kernel still decides
-		 * what opens.
+		 * No gate, and init did not reach the agent (post_fork then
+		 * refused the step, which Slurm reports). Fall back to the
+		 * variable Slurm overwrites for this kind of step; a forged
+		 * value only misnumbers the user's own view, the kernel still
+		 * decides what opens.
 		 */
 		uint32_t job_id, step_id, uid;
 		char list[ENV_LEN];
@@ -327,22 +380,5 @@ int gf_remote_task_init(spank_t sp)
 	}
 	renumber_var(sp, "CUDA_VISIBLE_DEVICES", gpus, ngpus, flags);
 	renumber_var(sp, "GPU_DEVICE_ORDINAL", gpus, ngpus, flags);
-	return 0;
-}
-
-int gf_remote_exit(spank_t sp)
-{
-	uint32_t job_id, step_id, uid;
-	char step[32], reason[GPUFENCE_ERR_LEN], msg[GPUFENCE_ERR_LEN * 2];
-	int rc;
-
-	if (!stash.have_config || step_ids(sp, &job_id, &step_id, &uid))
-		return 0;
-	step_name(step_id, step, sizeof(step));
-	rc = gf_go_step_end(&stash.cfg, job_id, step_id, reason, sizeof(reason));
-	if (rc != GPUFENCE_OK) {
-		gf_describe_failure(&stash.cfg, rc, reason, msg, sizeof(msg));
-		gf_error("job %u step %s end: %s", job_id, step, msg);
-	}
 	return 0;
 }

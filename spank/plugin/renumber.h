@@ -1,14 +1,24 @@
 /*
- * Renumbering of CUDA_VISIBLE_DEVICES-style values from global GPU indices
- * (what Slurm hands out when it does not constrain devices itself) to the
- * local numbering CUDA uses when only the step's GPUs can be opened. No Slurm
- * dependency, so it is unit-tested on its own.
+ * The GPU index list grammar of the plugin, and the renumbering of
+ * CUDA_VISIBLE_DEVICES-style values from global GPU indices (what Slurm hands
+ * out when it does not constrain devices itself) to the local numbering CUDA
+ * uses when only the step's GPUs can be opened. No Slurm dependency, so it is
+ * unit-tested and fuzzed on its own (spank/internal/cparse).
+ *
+ * The grammar is the agent's (policy.ParseGPUList; docs/architecture.md,
+ * "GPU lists"): exactly what Slurm writes into SLURM_JOB_GPUS and
+ * SLURM_STEP_GPUS, decimal indices without sign, blank or leading zero,
+ * joined by commas, strictly ascending, each at most GF_MAX_GPU_INDEX. Both
+ * parsers are tested against agent/policy/testdata/gpulist.txt.
  */
 #ifndef GPUFENCE_RENUMBER_H
 #define GPUFENCE_RENUMBER_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* The agent's gpulist.MaxIndex. */
+#define GF_MAX_GPU_INDEX 1023
 
 /* Slurm already numbers the value locally: never touch it. */
 #define GF_RENUMBER_SLURM_LOCAL 0x1
@@ -28,17 +38,18 @@ enum gf_renumber_result {
 
 /*
  * value: the variable's value, NULL when unset. gpus[0..ngpus): the global
- * indices the step may open, ascending. Each numeric entry e becomes the
- * position of e in gpus; entries not in gpus are dropped. A value with any
- * entry that is not a plain decimal number (a UUID, MIG-..., junk) is kept.
+ * indices the step may open, ascending. A value that is a non-empty GPU
+ * index list is renumbered: each entry e becomes the position of e in gpus,
+ * and entries not in gpus are dropped. Any other value (empty, UUIDs,
+ * MIG-..., a mix, ranges, blanks, junk) is kept as it is.
  */
 int gf_renumber(const char *value, const uint32_t *gpus, int ngpus, int flags,
 		char *out, size_t outlen);
 
 /*
- * Parses a comma-separated list of decimal GPU indices ("0,2") into out,
- * sorted ascending without duplicates. Returns the count, or -1 when s is not
- * such a list or has more than cap entries. "" is an empty list.
+ * Parses a GPU index list ("0,2") into out, ascending. Returns the count, or
+ * -1 when s is not such a list or has more than cap entries. "" is an empty
+ * list.
  */
 int gf_parse_gpu_list(const char *s, uint32_t *out, int cap);
 

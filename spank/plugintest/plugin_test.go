@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -25,6 +25,13 @@ var (
 // slurm runs the real plugin under testdata/fakeslurm.c and returns its
 // output lines.
 func slurm(t *testing.T, env []string, ctx string, steps []string, args ...string) []string {
+	t.Helper()
+	return slurmIn(t, -1, env, ctx, steps, args...)
+}
+
+// slurmIn is slurm with fakeslurm born in the cgroup open at cgroupFD (-1:
+// this process's).
+func slurmIn(t *testing.T, cgroupFD int, env []string, ctx string, steps []string, args ...string) []string {
 	t.Helper()
 	trackSources(t)
 	fakeOnce.Do(func() {
@@ -46,6 +53,9 @@ func slurm(t *testing.T, env []string, ctx string, steps []string, args ...strin
 	cmd := exec.Command(fakeSlurm, append([]string{filepath.Join(binDir, "spank_gpufence.so"), ctx,
 		strings.Join(steps, ",")}, args...)...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	if cgroupFD >= 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cgroupFD}
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("fakeslurm: %v\n%s", err, out)
@@ -82,9 +92,9 @@ func TestStrictArguments(t *testing.T) {
 				t.Errorf("%s %v: want rc -1 and %q, got %q", ctx, tt.args, tt.want, lines)
 			}
 		}
-		lines := slurm(t, nil, ctx, []string{"init", "exit", "maps"}, "socket=/x/a.sock", "timeout=3", "golib=/x/go.so",
+		lines := slurm(t, nil, ctx, []string{"init", "maps"}, "socket=/x/a.sock", "timeout=3", "golib=/x/go.so",
 			"failure=open", "spool=/x/failopen.jsonl")
-		if !has(lines, "rc init 0") || !has(lines, "rc exit 0") || hasPrefix(lines, "error:") {
+		if !has(lines, "rc init 0") || hasPrefix(lines, "error:") {
 			t.Errorf("%s with good arguments: %q", ctx, lines)
 		}
 		// srun, sbatch, salloc and slurmd never start a Go runtime.
@@ -100,36 +110,166 @@ func stepEnv(extra ...string) []string {
 }
 
 // As slurmstepd: fork the task, run task_post_fork in the parent, then let
-// the task run task_init.
+// the task run task_init; then the step's end.
 var stepSequence = []string{"init", "maps", "fork", "task_post_fork", "release", "exit"}
 
+// ownCgroup is this process's cgroup v2 path, which fakeslurm's task child
+// inherits: what a real agent names as the step's cgroup.
+func ownCgroup(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			return p
+		}
+	}
+	t.Skip("no cgroup v2 entry in /proc/self/cgroup")
+	return ""
+}
+
+// One exchange per step: init registers it, post_fork checks the task is in
+// the step's cgroup the agent named, with no second exchange, and the end of
+// the step sends nothing (the agent sees the cgroup go). The Go client never
+// runs in slurmstepd's own process.
 func TestStepRegistersAndRenumbers(t *testing.T) {
+	cg := ownCgroup(t)
+	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response {
+		if req.GetStepStart() != nil {
+			return &pb.Response{Gpus: []uint32{1, 3}, StepCgroup: cg}
+		}
+		return &pb.Response{}
+	})
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket, "timeout=5")
+	for _, want := range []string{"rc init 0", "golib mapped 0", "rc task_init 0",
+		"env CUDA_VISIBLE_DEVICES=1", "env GPU_DEVICE_ORDINAL=0,1", "rc task_post_fork 0", "rc exit absent"} {
+		if !has(lines, want) {
+			t.Errorf("missing %q in %q", want, lines)
+		}
+	}
+	reqs := a.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("agent got %d requests, want init's only: %v", len(reqs), reqs)
+	}
+	init := &pb.StepStart{JobId: 7, StepId: 2, Uid: 2001, StepGpus: proto.String("1,3")}
+	if !proto.Equal(reqs[0].GetStepStart(), init) {
+		t.Errorf("init sent %v, want %v", reqs[0], init)
+	}
+}
+
+// A task that is not inside the step's cgroup may not exec.
+func TestTaskOutsideStepRefused(t *testing.T) {
+	cg := ownCgroup(t)
+	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response {
+		return &pb.Response{Gpus: []uint32{1}, StepCgroup: cg + "/step_elsewhere"}
+	})
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket)
+	want := "error: gpufence: task pid "
+	if !has(lines, "rc task_init -1") || !hasPrefix(lines, want) || !hasPrefix(lines, "info: gpufence: task pid") {
+		t.Errorf("task outside its step: %q", lines)
+	}
+	for _, l := range lines {
+		if strings.HasPrefix(l, want) && !strings.Contains(l, "is in cgroup "+cg+", not in its step's cgroup "+cg+"/step_elsewhere") {
+			t.Errorf("refusal does not say where: %q", l)
+		}
+	}
+}
+
+// A task in step_01 is not in step_0, though the name starts alike; one in
+// step_0/user/task_0 is.
+func TestPrivilegedTaskCgroupPrefix(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs the task in cgroups of its own")
+	}
+	mount := ""
+	for _, m := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
+		var fs syscall.Statfs_t
+		if syscall.Statfs(m, &fs) == nil && fs.Type == 0x63677270 { // CGROUP2_SUPER_MAGIC
+			mount = m
+			break
+		}
+	}
+	if mount == "" {
+		t.Skip("no cgroup v2 mount")
+	}
+	root, err := os.MkdirTemp(mount, "gpufence-plugintest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, d := range []string{"step_01", "step_0/user/task_0", "step_0/user", "step_0", ""} {
+			os.Remove(filepath.Join(root, d))
+		}
+	}()
+	for _, d := range []string{"step_01", "step_0/user/task_0"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step := strings.TrimPrefix(filepath.Join(root, "step_0"), mount)
+	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response { return &pb.Response{Gpus: []uint32{1}, StepCgroup: step} })
+	for dir, want := range map[string]string{"step_01": "rc task_init -1", "step_0/user/task_0": "rc task_init 0"} {
+		fd, err := syscall.Open(filepath.Join(root, dir), syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := slurmIn(t, fd, stepEnv(), "remote", stepSequence, "socket="+a.Socket)
+		syscall.Close(fd)
+		if !has(lines, want) {
+			t.Errorf("task in %s, step %s: want %q, got %q", dir, step, want, lines)
+		}
+	}
+}
+
+// An agent that does not name the step's cgroup (older than the plugin)
+// checks the task itself: post_fork sends the task's pid.
+func TestOlderAgentChecksTask(t *testing.T) {
+	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response { return &pb.Response{Gpus: []uint32{1, 3}} })
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket)
+	if !has(lines, "rc task_init 0") || !has(lines, "env CUDA_VISIBLE_DEVICES=1") {
+		t.Errorf("step with an older agent: %q", lines)
+	}
+	reqs := a.Requests()
+	if len(reqs) != 2 {
+		t.Fatalf("agent got %d requests, want init and post_fork's: %v", len(reqs), reqs)
+	}
+	if s := reqs[1].GetStepStart(); s == nil || len(s.TaskPids) != 1 || s.TaskPids[0] == 0 || s.StepId != 2 {
+		t.Errorf("post_fork sent %v, want StepStart with the task pid", reqs[1])
+	}
+}
+
+// TestNonListValuesUntouched: the real plugin renumbers only values in the
+// GPU list grammar (docs/architecture.md, "GPU lists"). What Slurm writes
+// under AutoDetect=nvml (MIG and GPU UUIDs, alone or mixed with indices)
+// and spellings Slurm never writes are left exactly as they are.
+func TestNonListValuesUntouched(t *testing.T) {
 	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response {
 		if req.GetStepStart() != nil {
 			return &pb.Response{Gpus: []uint32{1, 3}}
 		}
 		return &pb.Response{}
 	})
-	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket, "timeout=5")
-	for _, want := range []string{"rc init 0", "golib mapped 1", "rc task_init 0",
-		"env CUDA_VISIBLE_DEVICES=1", "env GPU_DEVICE_ORDINAL=0,1", "rc task_post_fork 0", "rc exit 0"} {
-		if !has(lines, want) {
-			t.Errorf("missing %q in %q", want, lines)
+	for _, v := range []string{
+		"MIG-5f1c2d3e-4444-5555-6666-777788889999",
+		"MIG-GPU-8f6a1b2c-0000-1111-2222-333344445555/1/0,MIG-GPU-8f6a1b2c-0000-1111-2222-333344445555/2/0",
+		"GPU-8f6a1b2c-0000-1111-2222-333344445555",
+		"1,MIG-5f1c2d3e-4444-5555-6666-777788889999",
+		"3,1", "1-3", "1, 3", "03",
+	} {
+		env := []string{"FAKE_JOB_ID=7", "FAKE_STEP_ID=2", "FAKE_UID=2001", "JOB_SLURM_STEP_GPUS=1,3",
+			"JOB_CUDA_VISIBLE_DEVICES=" + v, "JOB_GPU_DEVICE_ORDINAL=" + v}
+		lines := slurm(t, env, "remote", stepSequence, "socket="+a.Socket)
+		if !has(lines, "rc task_init 0") || !has(lines, "env CUDA_VISIBLE_DEVICES="+v) || !has(lines, "env GPU_DEVICE_ORDINAL="+v) {
+			t.Errorf("%q changed or the task failed: %q", v, lines)
 		}
 	}
-	reqs := a.Requests()
-	if len(reqs) != 3 {
-		t.Fatalf("agent got %d requests, want init, post_fork and exit: %v", len(reqs), reqs)
-	}
-	init := &pb.StepStart{JobId: 7, StepId: 2, Uid: 2001, StepGpus: proto.String("1,3")}
-	if !proto.Equal(reqs[0].GetStepStart(), init) {
-		t.Errorf("init sent %v, want %v", reqs[0], init)
-	}
-	if s := reqs[1].GetStepStart(); s == nil || len(s.TaskPids) != 1 || s.TaskPids[0] == 0 || s.StepId != 2 {
-		t.Errorf("post_fork sent %v, want StepStart with the task pid", reqs[1])
-	}
-	if !proto.Equal(reqs[2].GetStepEnd(), &pb.StepEnd{JobId: 7, StepId: 2}) {
-		t.Errorf("exit sent %v, want StepEnd", reqs[2])
+	// The same step with Slurm's list is renumbered: the values above were
+	// kept for what they are, not because nothing is renumbered.
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket)
+	if !has(lines, "env CUDA_VISIBLE_DEVICES=1") {
+		t.Errorf("CUDA_VISIBLE_DEVICES=3 with GPUs 1,3 not renumbered to 1: %q", lines)
 	}
 }
 
@@ -161,19 +301,16 @@ func TestAgentAbsentRefusesStep(t *testing.T) {
 	}
 }
 
-// TestPostForkAnswerReachesTask: init could not register, post_fork could;
-// the task runs and numbers its GPUs from post_fork's answer.
-func TestPostForkAnswerReachesTask(t *testing.T) {
-	var n atomic.Int32
-	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response {
-		if req.GetStepStart() != nil && n.Add(1) == 1 {
-			return &pb.Response{Error: "not yet"}
-		}
-		return &pb.Response{Gpus: []uint32{3}}
-	})
+// TestInitVerdictIsFinal: a refusal in init is the step's verdict; later
+// callbacks do not ask again.
+func TestInitVerdictIsFinal(t *testing.T) {
+	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response { return &pb.Response{Error: "not yet"} })
 	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket)
-	if !has(lines, "rc task_init 0") || !has(lines, "env CUDA_VISIBLE_DEVICES=0") || !has(lines, "env GPU_DEVICE_ORDINAL=0") {
-		t.Errorf("task after a late confirmation: %q", lines)
+	if !has(lines, "rc task_init -1") || !hasPrefix(lines, "error: gpufence: the gpufence agent refused: not yet; refusing") {
+		t.Errorf("task after a refused init: %q", lines)
+	}
+	if n := len(a.Requests()); n != 1 {
+		t.Errorf("agent asked %d times, want once", n)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,7 +31,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpufence/gpufence/agent/audit"
-	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/tests/cluster"
 )
 
@@ -74,6 +74,13 @@ var (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if s != nil {
+		// Checks over the whole suite, after every test whatever their order.
+		if err := s.finalChecks(); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL: final checks:", err)
+			if code == 0 {
+				code = 1
+			}
+		}
 		// Stop fails when a process or cgroup of the suite is left.
 		if err := s.stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "stop cluster:", err)
@@ -288,6 +295,8 @@ type agentOpts struct {
 	mode      string // attach mode; "" = auto
 	auditOnly bool
 	auditFile string // "" = a new file under the cluster's logs
+	// slurmBinDir is where the agent finds scontrol and squeue; "" = PATH.
+	slurmBinDir string
 }
 
 // agentArgs writes the agent's own configuration file and audit file for
@@ -304,8 +313,12 @@ func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 	}
 	st.auditFiles = append(st.auditFiles, opt.auditFile)
 	cfg := filepath.Join(st.c.Root(), "etc", fmt.Sprintf("agent-%d.yaml", st.starts))
-	yaml := fmt.Sprintf("audit:\n  file: %s\n  journald: \"off\"\n  flush_interval: 500ms\npin_dir: %s\nstate_file: %s\nfailopen_spool: %s\n",
+	// Reconcile often, so that tests of what it does wait seconds, not tens.
+	yaml := fmt.Sprintf("audit:\n  file: %s\n  journald: \"off\"\n  flush_interval: 500ms\npin_dir: %s\nstate_file: %s\nfailopen_spool: %s\nreconcile_interval: 2s\n",
 		opt.auditFile, filepath.Join(st.bpffs, "gpufence"), filepath.Join(st.c.Root(), "run", "agent-state.json"), st.spool())
+	if opt.slurmBinDir != "" {
+		yaml += fmt.Sprintf("slurm_bin_dir: %s\n", opt.slurmBinDir)
+	}
 	if opt.auditOnly {
 		yaml += "enforcement: audit-only\n"
 	}
@@ -394,7 +407,7 @@ func (st *suite) expectGPUs(t *testing.T, rep cluster.OpenReport, want []int) {
 // gpusOf parses a Slurm GPU list variable from the task's environment.
 func gpusOf(t *testing.T, rep cluster.OpenReport, name string) []int {
 	t.Helper()
-	g, err := policy.ParseGPUList(rep.Env[name])
+	g, err := gpulist.Parse(rep.Env[name])
 	if err != nil {
 		t.Fatalf("%s=%q: %v", name, rep.Env[name], err)
 	}
@@ -518,34 +531,7 @@ func isolationChecks(t *testing.T, st *suite) {
 		}
 	})
 
-	t.Run("forged variables", func(t *testing.T) {
-		forged := []string{"SLURM_JOB_GPUS=0,1,2,3", "SLURM_STEP_GPUS=0,1,2,3", "CUDA_VISIBLE_DEVICES=0,1,2,3", "GPU_DEVICE_ORDINAL=0,1,2,3"}
-		rep, r := st.srun(t, forged, "--gres=gpu:1")
-		mustOK(t, r)
-		st.expectGPUs(t, rep, gpusOf(t, rep, "SLURM_STEP_GPUS"))
-		if rep.Env["CUDA_VISIBLE_DEVICES"] != "0" {
-			t.Errorf("CUDA_VISIBLE_DEVICES=%q, want 0", rep.Env["CUDA_VISIBLE_DEVICES"])
-		}
-
-		cpu, r := st.srun(t, forged)
-		mustOK(t, r)
-		st.expectGPUs(t, cpu, nil)
-
-		// Forged before sbatch (the batch step keeps a forged
-		// SLURM_STEP_GPUS) and exported again inside the script
-		// before srun.
-		out := filepath.Join(st.c.Root(), "work", "forged.$SLURM_JOB_ID")
-		script := fmt.Sprintf("%s -env %s > %s.batch\nexport %s\nsrun --gres=gpu:1 %s -env %s > %s.step\n",
-			st.open, strings.Join(st.paths(), " "), out, strings.Join(forged, " "), st.open, strings.Join(st.paths(), " "), out)
-		id := st.submit(t, forged, []string{"--gres=gpu:1"}, script)
-		batch := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".batch")
-		if batch.Env["SLURM_STEP_GPUS"] != "0,1,2,3" {
-			t.Logf("note: the batch step's forged SLURM_STEP_GPUS was %q", batch.Env["SLURM_STEP_GPUS"])
-		}
-		st.expectGPUs(t, batch, gpusOf(t, batch, "SLURM_JOB_GPUS"))
-		step := st.readOut(t, strings.ReplaceAll(out, "$SLURM_JOB_ID", id)+".step")
-		st.expectGPUs(t, step, gpusOf(t, step, "SLURM_STEP_GPUS"))
-	})
+	t.Run("forged variables", func(t *testing.T) { forgedEnvChecks(t, st) })
 
 	t.Run("device node made elsewhere", func(t *testing.T) {
 		alt := filepath.Join(st.c.Root(), "work", fmt.Sprintf("alt-%d", time.Now().UnixNano()))
@@ -698,7 +684,7 @@ func (st *suite) externLeaf(t *testing.T) (string, []int) {
 	if _, rest, ok := strings.Cut(d.Stdout, "(IDX:"); ok {
 		list, _, _ := strings.Cut(rest, ")")
 		var err error
-		if gpus, err = policy.ParseGPUList(list); err != nil {
+		if gpus, err = gpulist.ParseIDX(list); err != nil {
 			t.Fatalf("scontrol GRES index %q: %v", list, err)
 		}
 	}
@@ -1041,45 +1027,62 @@ func TestPrivilegedStaleEntriesCleaned(t *testing.T) {
 	}
 }
 
-// TestPrivilegedLostStateRecovered: the agent is killed and its saved state
-// is lost while a job runs; the restarted agent recovers the job's trusted
-// GPU list from slurmctld when the job's next step starts, and audits that.
+// TestPrivilegedLostStateRecovered: the agent is killed while a job runs.
+// With only its state file lost, the restarted agent has every record from
+// its pinned store and asks slurmctld nothing. With the store lost too, it
+// finds the running job with no record and adopts it before enforcing:
+// slurmctld's GPUs for it, audited as job_adopted; its next step gets them.
 func TestPrivilegedLostStateRecovered(t *testing.T) {
 	st := get(t)
 	release := st.hold(t, 1)
 	defer release()
 	q := st.c.Run(st.ctx, "", "squeue", "-h", "-t", "R", "-o", "%i", "--sort=-i")
 	id := strings.Fields(q.Stdout)[0]
-	if err := syscall.Kill(st.agent.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(500 * time.Millisecond)
-	if err := os.Remove(filepath.Join(st.c.Root(), "run", "agent-state.json")); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.startAgent(); err != nil {
-		t.Fatal(err)
-	}
-	r := st.c.Run(st.ctx, user, "srun", append([]string{"--jobid=" + id, "--gres=gpu:1", "--overlap", st.open, "-env"}, st.paths()...)...)
-	mustOK(t, r)
-	rep := cluster.ParseOpen(r.Stdout)
-	st.expectGPUs(t, rep, gpusOf(t, rep, "SLURM_STEP_GPUS"))
 	jobID, _ := strconv.ParseUint(id, 10, 32)
-	recs := st.waitRecords(t, uint32(jobID), func(rs []audit.Record) bool {
-		for _, r := range rs {
-			if r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld") {
-				return true
+	want := st.allocated(t)[uint32(jobID)]
+	if len(want) != 1 {
+		t.Fatalf("slurmctld says job %s holds %v", id, want)
+	}
+	step := func(t *testing.T) {
+		t.Helper()
+		r := st.c.Run(st.ctx, user, "srun", append([]string{"--jobid=" + id, "--gres=gpu:1", "--overlap", st.open, "-env"}, st.paths()...)...)
+		mustOK(t, r)
+		rep := cluster.ParseOpen(r.Stdout)
+		st.expectGPUs(t, rep, want)
+	}
+	recovered := func(r audit.Record) bool {
+		return r.Event == audit.EventJobAdopted || (r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld"))
+	}
+
+	t.Run("state file lost", func(t *testing.T) {
+		st.killAgent(t)
+		st.loseRecords(t, false)
+		if err := st.startAgent(); err != nil {
+			t.Fatal(err)
+		}
+		step(t)
+		for _, r := range readAudit(t, st.auditFiles[len(st.auditFiles)-1]) {
+			if r.JobID == uint32(jobID) && recovered(r) {
+				t.Errorf("the store kept the record, yet: %s", r.Message)
 			}
 		}
-		return false
+		if b, _ := os.ReadFile(st.agent.Log); !strings.Contains(string(b), "from=\"the pinned store") {
+			t.Errorf("the agent did not restore from its pinned store:\n%s", tailLines(string(b), 30))
+		}
 	})
-	found := false
-	for _, r := range recs {
-		found = found || (r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld"))
-	}
-	if !found {
-		t.Errorf("no audit record of the recovery: %+v", recs)
-	}
+
+	t.Run("state file and store lost", func(t *testing.T) {
+		st.killAgentLoseState(t, agentOpts{})
+		recs := st.waitRecords(t, uint32(jobID), func(rs []audit.Record) bool {
+			return slices.ContainsFunc(rs, func(r audit.Record) bool { return r.Event == audit.EventJobAdopted })
+		})
+		for _, r := range recs {
+			if r.Event == audit.EventJobAdopted && (r.Severity != audit.SeverityInfo || !slices.Equal(r.GPUs, want)) {
+				t.Errorf("adoption record %q names GPUs %v, want %v (slurmctld's)", r.Message, r.GPUs, want)
+			}
+		}
+		step(t)
+	})
 }
 
 // TestPrivilegedSlurmdRestart: slurmd restarted while a job runs: the job's

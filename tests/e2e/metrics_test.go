@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"io"
 	"net"
 	"net/http"
@@ -15,8 +16,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/gpufence/gpufence/agent/policy"
 )
 
 // metricsSetup picks, once per suite, the metrics endpoint every agent start
@@ -256,7 +255,7 @@ func jobGPU(t *testing.T, st *suite, job string) int {
 		d := st.c.Run(st.ctx, "", "scontrol", "show", "job", "-d", job)
 		if _, rest, ok := strings.Cut(d.Stdout, "(IDX:"); ok && strings.Contains(d.Stdout, "JobState=RUNNING") {
 			list, _, _ := strings.Cut(rest, ")")
-			gpus, err := policy.ParseGPUList(list)
+			gpus, err := gpulist.ParseIDX(list)
 			if err != nil || len(gpus) != 1 {
 				t.Fatalf("job %s GRES index %q: %v", job, list, err)
 			}

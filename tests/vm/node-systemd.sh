@@ -96,6 +96,19 @@ echo "== bpftool cgroup tree (scope)"; bpftool cgroup tree /sys/fs/cgroup/system
 echo "== agent journal"; journalctl -u gpufence --no-pager -o cat | grep -E 'attached|exempt|denied|applied' | head -20
 echo "== audit file"; wc -l /var/log/gpufence/audit.jsonl; /usr/lib/gpufence/gpufence audit tail --denied | head -8
 echo "== journald records"; journalctl -o json --no-pager SYSLOG_IDENTIFIER=gpufence 2>/dev/null | head -c 600; echo
+echo "== Slurm's scope stopped with no job running, slurmd started again: re-attached, isolated"
+for i in $(seq 60); do [ -z "$(squeue -h)" ] && break; sleep 1; done
+SCOPE=/sys/fs/cgroup/system.slice/vmnode_slurmstepd.scope
+old=$(stat -c %i $SCOPE)
+systemctl stop slurmd vmnode_slurmstepd.scope; systemctl start slurmd
+for i in $(seq 60); do [ "$(sinfo -h -o %t 2>/dev/null)" = idle ] && break; sleep 1; done
+new=$(stat -c %i $SCOPE 2>/dev/null)
+echo "scope cgroup $old -> $new"
+[ -n "$new" ] && [ "$old" != "$new" ] || { echo "FAIL: the scope was not made again"; fail=1; }
+o=$(su alice -c "srun --gres=gpu:1 /usr/lib/gpufence/gf-open -env $P"); echo "$o"
+check "$o" /dev/nvidia0 ENXIO; check "$o" /dev/nvidia1 EPERM; check "$o" /dev/nvidia2 EPERM; check "$o" /dev/nvidia3 EPERM
+grep '"event":"filter_reattached"' /var/log/gpufence/audit.jsonl | tail -1
+grep -q '"event":"filter_reattached"' /var/log/gpufence/audit.jsonl || { echo "FAIL: no filter_reattached audit record"; fail=1; }
 systemctl stop slurmd gpufence
 [ "$(grep -c '"decision":"denied"' /var/log/gpufence/audit.jsonl)" -ge 7 ] || { echo "FAIL: too few denied audit records"; fail=1; }
 echo "result: $([ $fail = 0 ] && echo PASS || echo FAIL)"

@@ -253,11 +253,9 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 			cluster = st.ClusterName
 		}
 	}
-	// The kernel already rate-limits access records exactly, so the
-	// pipeline's own limiter is off.
 	rec, err := audit.New(audit.Options{
 		File: cfg.Audit.File, Journald: cfg.Audit.Journald, Syslog: cfg.Audit.Syslog, QueueSize: cfg.Audit.QueueSize,
-		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version, RateBurst: -1,
+		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version,
 	}, log.With("component", "audit"))
 	if err != nil {
 		return fmt.Errorf("audit: %w", err)
@@ -308,6 +306,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	}()
 	waitMetrics := startMetrics(ctx, cfg, exp, d, log)
 	srv := server.New(ln, exp.Instrument(d), log, cfg.RequestTimeout.Duration)
+	srv.Limit(server.MaxConns, exp.Shed)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ctx) }()
 	log.Info("gpufence agent ready", "mode", mode, "socket_activated", activated)

@@ -8,8 +8,10 @@ import (
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/daemon"
+	"github.com/gpufence/gpufence/agent/gputable"
 	"github.com/gpufence/gpufence/agent/jobmap"
 	"github.com/gpufence/gpufence/agent/metrics"
+	"github.com/gpufence/gpufence/agent/registry"
 )
 
 // newExporter builds the metrics exporter and, when configured, the
@@ -40,7 +42,12 @@ func newExporter(cfg config.Config, rec *audit.Pipeline, sampler metrics.Sampler
 // is empty, its HTTP endpoint, both until ctx ends; the returned func waits
 // for them. A port that cannot be bound is logged, not fatal.
 func startMetrics(ctx context.Context, cfg config.Config, exp *metrics.Exporter, d *daemon.Daemon, log *slog.Logger) (wait func()) {
-	exp.Follow(d)
+	exp.Follow(func() metrics.Counts {
+		c := d.Counts()
+		return metrics.Counts{Jobs: c.Jobs, Steps: c.Steps, Exempt: c.Exempt, FilterAttached: c.FilterAttached}
+	})
+	table := d.Table()
+	d.Registry().SetObserver(func(jobs []registry.Job) { exp.Allocations(allocations(jobs, table)) })
 	done := make(chan struct{}, 2)
 	n := 1
 	go func() { exp.Run(ctx); done <- struct{}{} }()
@@ -64,4 +71,23 @@ func startMetrics(ctx context.Context, cfg config.Config, exp *metrics.Exporter,
 			<-done
 		}
 	}
+}
+
+// allocations are the jobs that hold GPUs by a usable trusted list, with
+// their devices: what metrics and dcgm-exporter's job mapping follow.
+func allocations(jobs []registry.Job, table *gputable.Table) []metrics.Allocation {
+	out := make([]metrics.Allocation, 0, len(jobs))
+	for _, j := range jobs {
+		if j.Broken != "" || j.NoProlog || len(j.GPUs) == 0 {
+			continue
+		}
+		a := metrics.Allocation{JobID: j.ID, UID: j.UID}
+		for _, g := range j.GPUs {
+			if gpu, ok := table.GPU(g); ok {
+				a.GPUs = append(a.GPUs, gpu)
+			}
+		}
+		out = append(out, a)
+	}
+	return out
 }

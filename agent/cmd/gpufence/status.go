@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"io"
 	"net"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
@@ -67,12 +69,15 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	})
 	r := buildStatus(gatherStatus(cfg))
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(r); err != nil {
 			fmt.Fprintf(stderr, "gpufence status: %v\n", err)
 			return 1
 		}
+		// Same JSON; no character in it can drive the terminal.
+		stdout.Write(audit.TerminalSafeJSON(buf.Bytes()))
 	} else {
 		writeStatus(stdout, r)
 	}
@@ -166,8 +171,8 @@ type filterReport struct {
 	// map (scope mode) or the cgroup_<id> link pins (per-cgroup mode).
 	PolicyEntries int `json:"policy_entries"`
 	// Lost is the sum of the per-CPU lost counter (events dropped, ring
-	// buffer full); RateFull the sum of rate_full (events reported without
-	// rate limit, rate map full); RateEntries the rate map's entry count.
+	// buffer full); RateFull the sum of rate_full (accesses counted without
+	// a rate key, rate map full); RateEntries the rate map's entry count.
 	Lost        uint64 `json:"lost"`
 	RateFull    uint64 `json:"rate_full"`
 	RateEntries int    `json:"rate_entries"`
@@ -199,10 +204,15 @@ type jobReport struct {
 	// User is the uid's name, "" if unknown.
 	User string `json:"user,omitempty"`
 	// GPUs are the job's trusted GPUs (indexes of gres.conf).
-	GPUs     []int        `json:"gpus"`
-	NoProlog bool         `json:"no_prolog,omitempty"`
-	Broken   string       `json:"broken,omitempty"`
-	Steps    []stepReport `json:"steps"`
+	GPUs     []int  `json:"gpus"`
+	NoProlog bool   `json:"no_prolog,omitempty"`
+	Broken   string `json:"broken,omitempty"`
+	// Recovered, Adopted and Unconfirmed: where the list came from when
+	// not the prolog (statefile.Job).
+	Recovered   string       `json:"recovered,omitempty"`
+	Adopted     string       `json:"adopted,omitempty"`
+	Unconfirmed string       `json:"unconfirmed,omitempty"`
+	Steps       []stepReport `json:"steps"`
 }
 
 // stepReport is one step of a job.
@@ -229,6 +239,7 @@ type stepReport struct {
 type kernelEntry struct {
 	Present   bool     `json:"present"`
 	AllowAll  bool     `json:"allow_all,omitempty"`
+	AuditOnly bool     `json:"audit_only,omitempty"`
 	GPUMinors []uint32 `json:"gpu_minors,omitempty"`
 	// CapsMinors are the MIG capability minors (nvidia-caps major).
 	CapsMinors []uint32 `json:"caps_minors,omitempty"`
@@ -316,7 +327,8 @@ func buildStatus(in statusInput) statusReport {
 	if st := in.State; st != nil {
 		r.State.Scope = st.Scope
 		for _, sj := range st.Jobs {
-			j := jobReport{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, NoProlog: sj.NoProlog, Broken: sj.Broken, Steps: []stepReport{}}
+			j := jobReport{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, NoProlog: sj.NoProlog, Broken: sj.Broken,
+				Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: sj.Unconfirmed, Steps: []stepReport{}}
 			if j.GPUs == nil {
 				j.GPUs = []int{}
 			}
@@ -350,6 +362,8 @@ func buildStatus(in statusInput) statusReport {
 						s.Problems = append(s.Problems, problem("%s: the kernel entry of cgroup %d is unreadable: %s", where, ss.CgroupID, e.PolicyErr))
 					case e.Policy.AllowAll:
 						s.Problems = append(s.Problems, problem("%s: the kernel allows every GPU to cgroup %d", where, ss.CgroupID))
+					case e.Policy.AuditOnly != ss.AuditOnly:
+						s.Problems = append(s.Problems, problem("%s: the kernel entry of cgroup %d is audit-only=%v, the state says %v", where, ss.CgroupID, e.Policy.AuditOnly, ss.AuditOnly))
 					case gpuCountMismatch(e.Policy, len(ss.GPUs)):
 						s.Problems = append(s.Problems, problem("%s: the kernel allows %d GPU(s) to cgroup %d, the state %d", where, len(e.Policy.GPUMinors), ss.CgroupID, len(ss.GPUs)))
 					}
@@ -420,7 +434,7 @@ func toKernelEntry(e devfilter.PinnedEntry, ok bool) kernelEntry {
 	if !ok {
 		return k
 	}
-	k.AllowAll, k.GPUMinors, k.CapsMinors, k.Error = e.Policy.AllowAll, e.Policy.GPUMinors, e.Policy.CapsMinors, e.PolicyErr
+	k.AllowAll, k.AuditOnly, k.GPUMinors, k.CapsMinors, k.Error = e.Policy.AllowAll, e.Policy.AuditOnly, e.Policy.GPUMinors, e.Policy.CapsMinors, e.PolicyErr
 	if e.Link != nil {
 		k.LinkID = e.Link.ID
 	}
@@ -449,9 +463,20 @@ func writeStatus(w io.Writer, r statusReport) {
 	}()
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	flush := func() { tw.Flush() }
-	fmt.Fprintf(tw, "gpufence %s status\n\n", r.Version)
+	// Every string shown goes through audit.Printable: paths, names, errors
+	// and reasons may carry what a job chose (control characters, tabs and
+	// newlines that would break the layout or fake a line).
+	pf := func(format string, args ...any) {
+		for i, a := range args {
+			if s, ok := a.(string); ok {
+				args[i] = audit.Printable(s)
+			}
+		}
+		fmt.Fprintf(tw, format, args...)
+	}
+	pf("gpufence %s status\n\n", r.Version)
 
-	fmt.Fprintf(tw, "Agent\n")
+	pf("Agent\n")
 	a := r.Agent
 	state := "down: no socket"
 	switch {
@@ -462,60 +487,60 @@ func writeStatus(w io.Writer, r statusReport) {
 	case a.SocketExists:
 		state = "down: socket refuses connections"
 	}
-	fmt.Fprintf(tw, "  socket\t%s\t%s\n", a.Socket, state)
+	pf("  socket\t%s\t%s\n", a.Socket, state)
 	flush()
 
-	fmt.Fprintf(tw, "\nFilter\n")
+	pf("\nFilter\n")
 	f := r.Filter
 	switch {
 	case f.PinDir == "":
-		fmt.Fprintf(tw, "  pin dir\t(none: pin_dir is empty, the kernel view is only in the agent)\n")
+		pf("  pin dir\t(none: pin_dir is empty, the kernel view is only in the agent)\n")
 	case !f.Pinned:
-		fmt.Fprintf(tw, "  pin dir\t%s\tnothing pinned\n", f.PinDir)
+		pf("  pin dir\t%s\tnothing pinned\n", f.PinDir)
 	default:
-		fmt.Fprintf(tw, "  pin dir\t%s\t%d pins\n", f.PinDir, len(f.Pins))
+		pf("  pin dir\t%s\t%d pins\n", f.PinDir, len(f.Pins))
 		mode := f.Mode
 		if f.ScopeCgroupID != 0 {
 			mode += fmt.Sprintf(" (scope cgroup %d)", f.ScopeCgroupID)
 		}
-		fmt.Fprintf(tw, "  mode\t%s\n", mode)
+		pf("  mode\t%s\n", mode)
 		if f.Scope != "" {
-			fmt.Fprintf(tw, "  scope\t%s\n", f.Scope)
+			pf("  scope\t%s\n", f.Scope)
 		}
 		if f.Enforcement != "" {
-			fmt.Fprintf(tw, "  enforcement\t%s (NVIDIA major %d)\n", f.Enforcement, f.NvidiaMajor)
+			pf("  enforcement\t%s (NVIDIA major %d)\n", f.Enforcement, f.NvidiaMajor)
 		}
 		if l := f.Link; l != nil {
-			fmt.Fprintf(tw, "  link\tid %d, prog %d %s, cgroup %d\n", l.ID, l.ProgramID, l.ProgramName, l.CgroupID)
+			pf("  link\tid %d, prog %d %s, cgroup %d\n", l.ID, l.ProgramID, l.ProgramName, l.CgroupID)
 		} else if f.Mode == string(devfilter.ModeScope) {
-			fmt.Fprintf(tw, "  link\tnone\n")
+			pf("  link\tnone\n")
 		}
-		fmt.Fprintf(tw, "  entries\t%d\n", f.PolicyEntries)
-		fmt.Fprintf(tw, "  counters\tlost %d, rate_full %d, rate entries %d\n", f.Lost, f.RateFull, f.RateEntries)
+		pf("  entries\t%d\n", f.PolicyEntries)
+		pf("  counters\tlost %d, rate_full %d, rate entries %d\n", f.Lost, f.RateFull, f.RateEntries)
 	}
 	flush()
 
-	fmt.Fprintf(tw, "\nState\n")
+	pf("\nState\n")
 	s := r.State
 	switch {
 	case s.File == "":
-		fmt.Fprintf(tw, "  file\t(none: state_file is empty)\n")
+		pf("  file\t(none: state_file is empty)\n")
 	case s.Error != "":
-		fmt.Fprintf(tw, "  file\t%s\tunreadable\n", s.File)
+		pf("  file\t%s\tunreadable\n", s.File)
 	case !s.Exists:
-		fmt.Fprintf(tw, "  file\t%s\tmissing (no job recorded)\n", s.File)
+		pf("  file\t%s\tmissing (no job recorded)\n", s.File)
 	default:
 		steps := 0
 		for _, j := range r.Jobs {
 			steps += len(j.Steps)
 		}
-		fmt.Fprintf(tw, "  file\t%s\t%d job(s), %d step(s)\n", s.File, len(r.Jobs), steps)
+		pf("  file\t%s\t%d job(s), %d step(s)\n", s.File, len(r.Jobs), steps)
 	}
 	flush()
 
 	if len(r.Jobs) > 0 {
-		fmt.Fprintf(tw, "\nJobs (cgroups below the scope)\n")
-		fmt.Fprintf(tw, "  JOB\tSTEP\tUSER\tGPUS\tKERNEL\tCHECK\tCGROUP\n")
+		pf("\nJobs (cgroups below the scope)\n")
+		pf("  JOB\tSTEP\tUSER\tGPUS\tKERNEL\tCHECK\tCGROUP\n")
 		scope := r.State.Scope
 		if scope == "" {
 			scope = r.Filter.Scope
@@ -528,7 +553,15 @@ func writeStatus(w io.Writer, r statusReport) {
 			if j.Broken != "" {
 				flags = append(flags, "broken: "+j.Broken)
 			}
-			fmt.Fprintf(tw, "  %d\t\t%s\t%s\t\t\t%s\n", j.ID, userLabel(j.UID, j.User), gpuList(j.GPUs), strings.Join(flags, "; "))
+			switch {
+			case j.Unconfirmed != "":
+				flags = append(flags, "UNCONFIRMED ("+j.Unconfirmed+"): "+j.Adopted)
+			case j.Adopted != "":
+				flags = append(flags, "adopted: "+j.Adopted)
+			case j.Recovered != "":
+				flags = append(flags, "recovered from "+j.Recovered)
+			}
+			pf("  %d\t\t%s\t%s\t\t\t%s\n", j.ID, userLabel(j.UID, j.User), gpuList(j.GPUs), strings.Join(flags, "; "))
 			for _, st := range j.Steps {
 				cg := st.Cgroup
 				if rel, err := filepath.Rel(scope, cg); scope != "" && err == nil && !strings.HasPrefix(rel, "..") {
@@ -544,15 +577,15 @@ func writeStatus(w io.Writer, r statusReport) {
 				if len(st.Problems) > 0 {
 					check = "MISMATCH"
 				}
-				fmt.Fprintf(tw, "  \t%s\t\t%s\t%s\t%s\t%s\n", st.Name, gpuList(st.GPUs), kernelLabel(st.Kernel), check, cg)
+				pf("  \t%s\t\t%s\t%s\t%s\t%s\n", st.Name, gpuList(st.GPUs), kernelLabel(st.Kernel), check, cg)
 			}
 		}
 		flush()
 	}
 
 	if len(r.OtherEntries) > 0 {
-		fmt.Fprintf(tw, "\nKernel entries without a step\n")
-		fmt.Fprintf(tw, "  CGROUP ID\tCGROUP\tKERNEL\tNOTE\n")
+		pf("\nKernel entries without a step\n")
+		pf("  CGROUP ID\tCGROUP\tKERNEL\tNOTE\n")
 		for _, e := range r.OtherEntries {
 			exists := "?"
 			if e.CgroupExists != nil {
@@ -563,17 +596,17 @@ func writeStatus(w io.Writer, r statusReport) {
 				note = "exempt (" + e.Exempt + ")"
 			}
 			k := e.kernelEntry
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", e.CgroupID, exists, kernelLabel(&k), note)
+			pf("  %d\t%s\t%s\t%s\n", e.CgroupID, exists, kernelLabel(&k), note)
 		}
 		flush()
 	}
 
 	if len(r.Problems) == 0 {
-		fmt.Fprintf(tw, "\nConsistent: no problem found.\n")
+		pf("\nConsistent: no problem found.\n")
 	} else {
-		fmt.Fprintf(tw, "\nProblems (%d)\n", len(r.Problems))
+		pf("\nProblems (%d)\n", len(r.Problems))
 		for _, p := range r.Problems {
-			fmt.Fprintf(tw, "  - %s\n", p)
+			pf("  - %s\n", p)
 		}
 	}
 	flush()
@@ -590,7 +623,7 @@ func gpuList(g []int) string {
 	if len(g) == 0 {
 		return "-"
 	}
-	return policy.FormatGPUList(g)
+	return gpulist.Format(g)
 }
 
 func kernelLabel(k *kernelEntry) string {

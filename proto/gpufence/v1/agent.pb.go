@@ -265,9 +265,10 @@ func (x *JobProlog) GetJobGpus() string {
 	return ""
 }
 
-// Sent by slurmstepd (as root) when a step starts on this node: once from the
-// SPANK init callback, so the policy exists before any task or NVML call, and
-// again from task_post_fork with the pid of each task before it may exec.
+// Sent by slurmstepd (as root) when a step starts on this node, from the
+// SPANK init callback, so the policy exists before any task or NVML call.
+// (Earlier plugins sent it again from task_post_fork with each task's
+// pid; the agent still checks task_pids when present.)
 // The agent finds the step's cgroup from /proc/<pid>/cgroup of the connecting
 // slurmstepd (SO_PEERCRED) and of each task pid; it never builds a path from
 // the job id.
@@ -458,8 +459,13 @@ type Response struct {
 	// (TaskPlugin=task/cgroup with ConstrainDevices=yes), so the plugin must not
 	// renumber it again.
 	SlurmLocalIndices bool `protobuf:"varint,3,opt,name=slurm_local_indices,json=slurmLocalIndices,proto3" json:"slurm_local_indices,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// For StepStart: the step's cgroup as /proc/<pid>/cgroup names it (the
+	// cgroup v2 path below the root, "/system.slice/…/job_7/step_0"). The
+	// plugin checks in task_post_fork that each task is inside it before the
+	// task may exec, with no second round trip.
+	StepCgroup    string `protobuf:"bytes,4,opt,name=step_cgroup,json=stepCgroup,proto3" json:"step_cgroup,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Response) Reset() {
@@ -513,6 +519,13 @@ func (x *Response) GetSlurmLocalIndices() bool {
 	return false
 }
 
+func (x *Response) GetStepCgroup() string {
+	if x != nil {
+		return x.StepCgroup
+	}
+	return ""
+}
+
 var File_gpufence_v1_agent_proto protoreflect.FileDescriptor
 
 const file_gpufence_v1_agent_proto_rawDesc = "" +
@@ -546,11 +559,13 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x17\n" +
 	"\astep_id\x18\x02 \x01(\rR\x06stepId\"\"\n" +
 	"\tJobEpilog\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\rR\x05jobId\"d\n" +
+	"\x06job_id\x18\x01 \x01(\rR\x05jobId\"\x85\x01\n" +
 	"\bResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12.\n" +
-	"\x13slurm_local_indices\x18\x03 \x01(\bR\x11slurmLocalIndices*K\n" +
+	"\x13slurm_local_indices\x18\x03 \x01(\bR\x11slurmLocalIndices\x12\x1f\n" +
+	"\vstep_cgroup\x18\x04 \x01(\tR\n" +
+	"stepCgroup*K\n" +
 	"\x0fProtocolVersion\x12 \n" +
 	"\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12PROTOCOL_VERSION_1\x10\x01B;Z9github.com/gpufence/gpufence/proto/gpufence/v1;gpufencev1b\x06proto3"

@@ -1,0 +1,458 @@
+// Package enforcer is the kernel stage of the agent: it keeps the device
+// filter attached to Slurm's live scope, writes and releases each cgroup's
+// entry, keeps Slurm's own cgroups (system, slurmd) allowed, and removes
+// entries no cgroup needs any more. It decides nothing about jobs: what a
+// cgroup may open is the caller's decision (agent/policy).
+package enforcer
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/agent/policy"
+	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/bpf/devfilter"
+)
+
+// Filter is the kernel device filter as the agent uses it;
+// *devfilter.Filter implements it.
+type Filter interface {
+	Mode() devfilter.Mode
+	Set(cg devfilter.Cgroup, p devfilter.Policy) error
+	Remove(cg devfilter.Cgroup) error
+	ReadEvent() (devfilter.Event, error)
+	Suppressed() (map[devfilter.RateKey]uint64, error)
+	ForgetRate(cgroupID uint64) error
+	Lost() (uint64, error)
+	RateFull() (map[devfilter.Decision]uint64, error)
+	SetAuditOnly(on bool) error
+	Policies() (map[uint64]devfilter.Policy, error)
+	// ScopeCgroupID and Reattach are for ModeScope: the cgroup the scope
+	// link is on (0 or a stale id once that cgroup is gone), and moving the
+	// program onto the scope as it is now.
+	ScopeCgroupID() (uint64, error)
+	Reattach(scope string) error
+	Close() error
+}
+
+// Factory attaches a filter on Slurm's slurmstepd scope directory. It calls
+// prepare with the loaded filter before the program first runs on the
+// scope (devfilter.Options.BeforeAttach); an error from prepare fails it.
+type Factory func(scope string, prepare func(Filter) error) (Filter, error)
+
+// Recorder receives lifecycle audit records.
+type Recorder interface {
+	Emit(r audit.Record)
+}
+
+// Options configure an Enforcer.
+type Options struct {
+	Log *slog.Logger
+	// Mount is the cgroup v2 mount; Scope the configured scope ("" = found).
+	Mount, Scope, Node string
+	// Exempt are the scope's children that keep every device.
+	Exempt []string
+	// PinDir is where the filter pins (for the stale cleanup at start).
+	PinDir    string
+	NewFilter Factory
+	Registry  *registry.Registry
+	Recorder  Recorder
+	// OnAttach is told of each filter attached (the event reader's start);
+	// OnRelease of each cgroup whose entry went (its last rate counts are
+	// flushed, then forgotten). Neither may block.
+	OnAttach  func(Filter)
+	OnRelease func(id uint64, o registry.Owner)
+	// BeforeEnforce, when set, is called with each filter being attached,
+	// after the exempt entries and before the program first runs: the
+	// entries of recorded steps and of running jobs the agent adopts go in
+	// there, so no process of theirs ever meets an empty map. It must not
+	// block.
+	BeforeEnforce func(Filter) error
+}
+
+// Enforcer keeps the filter. Its methods are safe for concurrent use.
+type Enforcer struct {
+	o Options
+
+	mu     sync.Mutex
+	filter Filter
+	scope  string
+	// scopeID is the scope's cgroup id when the filter was attached (scope
+	// mode): a scope made again at the same path has another.
+	scopeID uint64
+	// ended are per-cgroup mode entries of released cgroups, kept deny-all
+	// until the cgroup is gone.
+	ended map[uint64]devfilter.Cgroup
+}
+
+// New returns an enforcer with no filter yet.
+func New(o Options) *Enforcer {
+	if o.OnAttach == nil {
+		o.OnAttach = func(Filter) {}
+	}
+	if o.OnRelease == nil {
+		o.OnRelease = func(uint64, registry.Owner) {}
+	}
+	return &Enforcer{o: o, ended: map[uint64]devfilter.Cgroup{}}
+}
+
+func (e *Enforcer) lifecycle(ev audit.Event, sev audit.Severity, msg string, fill func(*audit.Record)) {
+	r := audit.Record{Event: ev, Severity: sev, Message: msg}
+	if fill != nil {
+		fill(&r)
+	}
+	e.o.Recorder.Emit(r)
+}
+
+// FindScope returns Slurm's scope on this node as it is now, "" if none.
+func (e *Enforcer) FindScope() string {
+	return jobcgroup.FindScope(e.o.Mount, e.o.Scope, e.o.Node)
+}
+
+// Filter returns the attached filter, nil before one is.
+func (e *Enforcer) Filter() Filter {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.filter
+}
+
+// Ensure makes sure, before a step is answered, that the filter is on
+// Slurm's scope as it is now: attached the first time, and in scope mode
+// re-attached when the scope was made again at the same path (its unit
+// stopped, its keep-alive gone, a Slurm upgrade), which leaves every job
+// below it unfiltered otherwise. The scope directory's cgroup id and the
+// link's are compared; a re-attach is audited. An error refuses the step.
+func (e *Enforcer) Ensure(scope string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.ensureLocked(scope)
+}
+
+func (e *Enforcer) ensureLocked(scope string) error {
+	if e.filter == nil {
+		return e.attachLocked(scope)
+	}
+	if e.filter.Mode() != devfilter.ModeScope {
+		if scope != e.scope {
+			return fmt.Errorf("step is under scope %s but the device filter is attached to %s", scope, e.scope)
+		}
+		return nil
+	}
+	id, err := jobcgroup.ID(scope)
+	if err != nil {
+		return fmt.Errorf("Slurm's scope %s: %w", scope, err)
+	}
+	linked, lerr := e.filter.ScopeCgroupID()
+	if scope == e.scope && id == e.scopeID && lerr == nil && linked == id {
+		return nil
+	}
+	if scope != e.scope {
+		// Another scope path: only when the old one is gone (a CgroupSlice
+		// change), never two live scopes on one node.
+		if oldID, err := jobcgroup.ID(e.scope); err == nil && oldID == e.scopeID && linked == oldID {
+			return fmt.Errorf("step is under scope %s but the device filter is attached to %s, which still exists", scope, e.scope)
+		}
+	}
+	why := fmt.Sprintf("Slurm's scope %s is cgroup %d; the device filter's link was on cgroup %d (link reports %d)", scope, id, e.scopeID, linked)
+	if lerr != nil {
+		why = fmt.Sprintf("Slurm's scope %s is cgroup %d; the device filter's link cannot be read (%v)", scope, id, lerr)
+	}
+	start := time.Now()
+	if err := e.filter.Reattach(scope); err != nil {
+		err = fmt.Errorf("re-attach device filter to %s: %w", scope, err)
+		e.o.Log.Error("the device filter is not on Slurm's live scope and cannot be re-attached; steps are refused", "reason", why, "err", err)
+		e.lifecycle(audit.EventFilterAttachFailed, audit.SeverityError, "the GPU device filter is not on Slurm's live scope and could not be re-attached; steps are refused: "+why, func(r *audit.Record) {
+			r.Cgroup, r.CgroupID, r.Error = scope, id, err.Error()
+		})
+		return err
+	}
+	old := e.scopeID
+	e.scope, e.scopeID = scope, id
+	took := time.Since(start)
+	e.o.Log.Warn("device filter re-attached to Slurm's recreated scope", "cgroup", scope, "cgroup_id", id, "old_cgroup_id", old, "took", took)
+	e.lifecycle(audit.EventFilterReattached, audit.SeverityWarning,
+		fmt.Sprintf("Slurm's scope was made again (%s); the GPU device filter was re-attached to it in %v", why, took.Round(time.Microsecond)), func(r *audit.Record) {
+			r.Cgroup, r.CgroupID, r.Reason = scope, id, why
+		})
+	e.refreshExemptLocked()
+	return nil
+}
+
+// attachLocked attaches the filter on scope. e.mu is held.
+func (e *Enforcer) attachLocked(scope string) error {
+	e.cleanStaleLocked(scope)
+	id, _ := jobcgroup.ID(scope)
+	f, err := e.o.NewFilter(scope, func(f Filter) error {
+		e.filter, e.scope, e.scopeID = f, scope, id
+		e.refreshExemptLocked()
+		if e.o.BeforeEnforce != nil {
+			return e.o.BeforeEnforce(f)
+		}
+		return nil
+	})
+	if err != nil {
+		e.filter, e.scope, e.scopeID = nil, "", 0
+		// Entries prepare made went with the filter.
+		for name := range e.o.Registry.Exempts() {
+			e.o.Registry.SetExempt(name, devfilter.Cgroup{})
+		}
+		err = fmt.Errorf("attach device filter to %s: %w", scope, err)
+		e.lifecycle(audit.EventFilterAttachFailed, audit.SeverityError, "the GPU device filter could not be attached; GPU steps are refused", func(r *audit.Record) {
+			r.Cgroup, r.Error = scope, err.Error()
+		})
+		return err
+	}
+	e.filter, e.scope, e.scopeID = f, scope, id
+	adopted := false
+	if a, ok := f.(interface{ Adopted() bool }); ok {
+		adopted = a.Adopted()
+	}
+	e.o.Log.Info("device filter attached", "cgroup", scope, "mode", f.Mode(), "adopted_pinned", adopted)
+	e.o.OnAttach(f)
+	e.refreshExemptLocked()
+	return nil
+}
+
+// refreshExemptLocked keeps an allow-all entry for each exempt child of the
+// scope (slurmd, system) and drops entries of ones that vanished. Slurm
+// makes its stepd parking cgroup when the first step starts. e.mu is held.
+func (e *Enforcer) refreshExemptLocked() {
+	if e.filter == nil || e.filter.Mode() == devfilter.ModePerCgroup {
+		return
+	}
+	have := e.o.Registry.Exempts()
+	for _, name := range e.o.Exempt {
+		dir := filepath.Join(e.scope, name)
+		id, err := jobcgroup.ID(dir)
+		old, had := have[name]
+		if had && (err != nil || id != old.ID) {
+			if err := e.filter.Remove(old); err != nil {
+				e.o.Log.Error("remove exempt entry", "cgroup", old.Path, "err", err)
+			}
+			e.o.Registry.SetExempt(name, devfilter.Cgroup{})
+			had = false
+		}
+		if err != nil || had {
+			continue
+		}
+		cg := devfilter.Cgroup{ID: id, Path: dir}
+		if err := e.filter.Set(cg, devfilter.Policy{AllowAll: true}); err != nil {
+			e.o.Log.Error("set exempt entry", "cgroup", dir, "err", err)
+			continue
+		}
+		e.o.Registry.SetExempt(name, cg)
+		e.o.Log.Info("exempt cgroup keeps all devices", "cgroup", dir)
+	}
+}
+
+// RefreshExempt refreshes the exempt entries (a new `system` cgroup).
+func (e *Enforcer) RefreshExempt() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.refreshExemptLocked()
+}
+
+// Set gives cg the policy p.
+func (e *Enforcer) Set(cg devfilter.Cgroup, p devfilter.Policy) error {
+	e.mu.Lock()
+	f := e.filter
+	delete(e.ended, cg.ID)
+	e.mu.Unlock()
+	if f == nil {
+		return fmt.Errorf("no device filter attached")
+	}
+	return f.Set(cg, p)
+}
+
+// Release takes cg's entry away; o is who it was, for the last rate
+// counts. In scope mode the cgroup then has no entry and the program
+// denies it every GPU. In per-cgroup mode the program on the cgroup is all
+// that narrows it, and a task can outlive its step (it ignores SIGTERM,
+// UnkillableStepTimeout): the entry becomes deny-all and stays until the
+// cgroup is gone (ForgetEnded).
+func (e *Enforcer) Release(cg devfilter.Cgroup, o registry.Owner) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.filter == nil {
+		return nil
+	}
+	var err error
+	if e.filter.Mode() == devfilter.ModePerCgroup {
+		if err = e.filter.Set(cg, devfilter.Policy{}); err == nil {
+			e.ended[cg.ID] = cg
+		}
+	} else {
+		err = e.filter.Remove(cg)
+	}
+	e.o.OnRelease(cg.ID, o)
+	return err
+}
+
+// ForgetEnded detaches the deny-all entries of released cgroups (per-cgroup
+// mode) that are gone.
+func (e *Enforcer) ForgetEnded() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.filter == nil {
+		return
+	}
+	for id, cg := range e.ended {
+		if now, err := jobcgroup.ID(cg.Path); err == nil && now == id {
+			continue
+		}
+		if err := e.filter.Remove(cg); err != nil {
+			e.o.Log.Error("detach the filter of an ended step", "cgroup", cg.Path, "err", err)
+			continue
+		}
+		delete(e.ended, id)
+	}
+}
+
+// Ended is how many released cgroups keep a deny-all entry.
+func (e *Enforcer) Ended() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.ended)
+}
+
+// Reconcile attaches the filter if the scope appeared, re-attaches it if
+// the scope was made again, refreshes the exempt entries and sweeps
+// entries no registered cgroup owns whose cgroup is gone.
+func (e *Enforcer) Reconcile() {
+	scope := e.FindScope()
+	e.mu.Lock()
+	switch {
+	case e.filter == nil && scope != "":
+		if err := e.attachLocked(scope); err != nil {
+			e.o.Log.Error("attach device filter", "err", err)
+		}
+	case e.filter != nil && e.filter.Mode() == devfilter.ModeScope && scope != "":
+		// A scope removed and not made again yet has nothing to attach to;
+		// the first step under the new one re-attaches.
+		if err := e.ensureLocked(scope); err != nil {
+			e.o.Log.Error("device filter scope", "err", err)
+		}
+	}
+	e.refreshExemptLocked()
+	e.sweepOrphansLocked()
+	e.mu.Unlock()
+}
+
+// cleanStaleLocked removes pinned kernel entries of cgroups that no longer
+// exist (left by an earlier run whose steps ended while no agent ran), and
+// audits each removal. e.mu is held.
+func (e *Enforcer) cleanStaleLocked(scope string) {
+	if e.o.PinDir == "" {
+		return
+	}
+	if _, err := os.Stat(e.o.PinDir); err != nil {
+		return // nothing pinned yet
+	}
+	live := map[uint64]bool{}
+	for _, pattern := range []string{"*", "*/*"} {
+		dirs, _ := filepath.Glob(filepath.Join(scope, pattern))
+		for _, dir := range dirs {
+			if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+				if id, err := jobcgroup.ID(dir); err == nil {
+					live[id] = true
+				}
+			}
+		}
+	}
+	removed, err := devfilter.CleanStale(e.o.PinDir, func(id uint64) bool { return live[id] })
+	if err != nil {
+		e.o.Log.Error("clean stale pinned entries", "err", err)
+		return
+	}
+	view := e.o.Registry.View()
+	for _, id := range removed {
+		o, known := view.Owner(id)
+		e.o.Log.Info("stale kernel entry removed", "cgroup_id", id)
+		e.lifecycle(audit.EventStaleEntryRemoved, audit.SeverityNotice,
+			fmt.Sprintf("removed the kernel entry of cgroup %d, which no longer exists (left by an earlier run)", id), func(r *audit.Record) {
+				r.CgroupID = id
+				if known && o.Exempt == "" {
+					r.JobID, r.StepID = o.JobID, policy.StepName(o.StepID)
+				}
+			})
+	}
+}
+
+// sweepOrphansLocked removes kernel entries that no registered cgroup owns
+// and whose cgroup is gone: entries of steps whose attribution was lost
+// (state lost while jobs ran) would otherwise stay until the next start.
+// e.mu is held.
+func (e *Enforcer) sweepOrphansLocked() {
+	if e.filter == nil {
+		return
+	}
+	entries, err := e.filter.Policies()
+	if err != nil {
+		e.o.Log.Error("list kernel entries", "err", err)
+		return
+	}
+	for id := range entries {
+		if e.o.Registry.Owned(id) {
+			continue
+		}
+		if _, ended := e.ended[id]; ended {
+			continue
+		}
+		if exists, err := devfilter.CgroupExists(id); err != nil || exists {
+			continue
+		}
+		if err := e.filter.Remove(devfilter.Cgroup{ID: id}); err != nil {
+			e.o.Log.Error("remove orphaned kernel entry", "cgroup_id", id, "err", err)
+			continue
+		}
+		e.o.OnRelease(id, registry.Owner{})
+		e.o.Log.Info("orphaned kernel entry removed", "cgroup_id", id)
+		e.lifecycle(audit.EventStaleEntryRemoved, audit.SeverityNotice,
+			fmt.Sprintf("removed the kernel entry of cgroup %d, which no longer exists and no known step owned", id), func(r *audit.Record) {
+				r.CgroupID = id
+			})
+	}
+}
+
+// SetAuditOnly switches the filter between enforcing and audit-only.
+func (e *Enforcer) SetAuditOnly(on bool) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.filter == nil {
+		return nil
+	}
+	return e.filter.SetAuditOnly(on)
+}
+
+// Detach closes the filter (with pins, enforcement stays) and returns it,
+// for the last flush; nil when none was attached.
+func (e *Enforcer) Detach() Filter {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f := e.filter
+	e.filter = nil
+	return f
+}
+
+// Scope returns the scope the filter is on, "" before one is.
+func (e *Enforcer) Scope() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.scope
+}
+
+// Busy reports whether the enforcer's lock is held at this moment (a check
+// for tests that no slow call runs under it).
+func (e *Enforcer) Busy() bool {
+	if e.mu.TryLock() {
+		e.mu.Unlock()
+		return false
+	}
+	return true
+}

@@ -1,0 +1,90 @@
+package failopen
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/users"
+)
+
+type memRecorder struct {
+	mu   sync.Mutex
+	recs []audit.Record
+}
+
+func (m *memRecorder) Emit(r audit.Record) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recs = append(m.recs, r)
+}
+
+func (m *memRecorder) records(ev audit.Event) []audit.Record {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []audit.Record
+	for _, r := range m.recs {
+		if r.Event == ev {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func TestIngestFailOpen(t *testing.T) {
+	dir := t.TempDir()
+	spool := filepath.Join(dir, "failopen.jsonl")
+	lines := `{"time":"2026-11-29T09:00:00Z","job_id":7,"step_id":"0","uid":0,"node":"n1","reason":"connect: no such file or directory"}
+{"time":"2026-11-29T09:00:01Z","job_id":8,"step_id":"batch","uid":0,"node":"n1","reason":"no answer within 10s"}
+`
+	os.WriteFile(spool, []byte(lines), 0o600)
+	rec := &memRecorder{}
+	d := &Spool{Path: spool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: rec, Users: &users.Cache{}}
+	d.Ingest()
+	got := rec.records(audit.EventStepUnfiltered)
+	if len(got) != 2 || got[0].JobID != 7 || got[1].StepID != "batch" || got[0].Reason == "" || !strings.Contains(got[0].Message, "WITHOUT GPU isolation") {
+		t.Fatalf("records %+v", got)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+		t.Errorf("spool not consumed: %v", left)
+	}
+	d.Ingest() // nothing twice
+	if n := len(rec.records(audit.EventStepUnfiltered)); n != 2 {
+		t.Errorf("%d records after a second pass", n)
+	}
+	// A bad line keeps the file for a person to look at.
+	os.WriteFile(spool, []byte("not json\n"), 0o600)
+	d.Ingest()
+	if left, _ := filepath.Glob(filepath.Join(dir, "*.ingest")); len(left) != 1 {
+		t.Errorf("bad spool not kept: %v", left)
+	}
+
+	// A spool that is not the plugin's is not read: a link, a file others
+	// may write, a file of another user.
+	other := filepath.Join(dir, "elsewhere.jsonl")
+	os.WriteFile(other, []byte(lines), 0o600)
+	untrusted := map[string]func(){
+		"symlink":        func() { os.Symlink(other, spool) },
+		"group-writable": func() { os.WriteFile(spool, []byte(lines), 0o600); os.Chmod(spool, 0o620) },
+	}
+	if os.Geteuid() == 0 {
+		untrusted["owned by nobody"] = func() { os.WriteFile(spool, []byte(lines), 0o600); os.Chown(spool, 65534, 65534) }
+	}
+	for name, make := range untrusted {
+		os.Remove(spool)
+		make()
+		before := len(rec.records(audit.EventStepUnfiltered))
+		d.Ingest()
+		if n := len(rec.records(audit.EventStepUnfiltered)); n != before {
+			t.Errorf("%s spool: %d records written from it", name, n-before)
+		}
+		if _, err := os.Lstat(spool); err != nil {
+			t.Errorf("%s spool was taken: %v", name, err)
+		}
+	}
+}

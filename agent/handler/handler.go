@@ -1,0 +1,328 @@
+// Package handler answers the SPANK plugin's requests, each in one pass:
+// the request → the policy decision (agent/policy) → the kernel map update
+// (agent/enforcer) → the record (agent/registry) → the reply. It holds no
+// lock of its own; nothing it waits for does I/O beyond reading /proc and a
+// map update, except asking slurmctld about a job without a prolog record.
+package handler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/gpufence/gpufence/agent/gpulist"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/enforcer"
+	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/agent/peer"
+	"github.com/gpufence/gpufence/agent/policy"
+	"github.com/gpufence/gpufence/agent/recovery"
+	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/agent/slurm"
+	"github.com/gpufence/gpufence/agent/users"
+	"github.com/gpufence/gpufence/bpf/devfilter"
+	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
+)
+
+// Recorder receives lifecycle audit records.
+type Recorder interface {
+	Emit(r audit.Record)
+}
+
+// Table is the node's GPU table as the decision uses it.
+type Table interface {
+	Devices(gpus []int) (policy.DeviceSet, error)
+	Unknown(gpus []int) (int, bool)
+	Untrusted() string
+}
+
+// Settings are Slurm's settings that change the answer (local numbering).
+type Settings interface {
+	Get() (slurm.Settings, error)
+}
+
+// Handler answers requests. Its methods are safe for concurrent use.
+type Handler struct {
+	Log      *slog.Logger
+	Mount    string
+	Scope    string // configured; "" = any slurmstepd scope
+	Registry *registry.Registry
+	Enforcer *enforcer.Enforcer
+	Table    Table
+	Settings Settings
+	Recorder Recorder
+	Users    *users.Cache
+	// Recovery, when set, asks slurmctld for a job without prolog record.
+	Recovery *recovery.Recovery
+	// Watch asks to be told when a step's cgroup goes (its end).
+	Watch func(cg devfilter.Cgroup)
+	// PolicyMode is what records say the filter enforces.
+	PolicyMode func() string
+}
+
+func (h *Handler) emit(ev audit.Event, sev audit.Severity, msg string, fill func(*audit.Record)) {
+	r := audit.Record{Event: ev, Severity: sev, Message: msg}
+	if fill != nil {
+		fill(&r)
+	}
+	h.Recorder.Emit(r)
+}
+
+// Handle answers one plugin request.
+func (h *Handler) Handle(_ context.Context, p peer.Peer, req *pb.Request) *pb.Response {
+	var resp *pb.Response
+	var err error
+	switch m := req.Msg.(type) {
+	case *pb.Request_JobProlog:
+		h.jobProlog(m.JobProlog)
+		resp = &pb.Response{}
+	case *pb.Request_StepStart:
+		resp, err = h.stepStart(p, m.StepStart)
+	case *pb.Request_StepEnd:
+		h.stepEnd(m.StepEnd.GetJobId(), m.StepEnd.GetStepId())
+		resp = &pb.Response{}
+	case *pb.Request_JobEpilog:
+		h.JobEnded(m.JobEpilog.GetJobId(), "job ended")
+		resp = &pb.Response{}
+	default:
+		err = errors.New("empty or unknown request (plugin newer than agent?)")
+	}
+	if err != nil {
+		return &pb.Response{Error: err.Error()}
+	}
+	return resp
+}
+
+// jobProlog records the job's trusted list, written to the store before
+// the prolog is answered.
+func (h *Handler) jobProlog(m *pb.JobProlog) {
+	j := registry.Job{ID: m.GetJobId(), UID: m.GetUid(), GPUs: []int{}, Created: time.Now()}
+	log := h.Log.With("job_id", j.ID, "uid", j.UID)
+	if m.JobGpus != nil {
+		gpus, err := gpulist.Parse(m.GetJobGpus())
+		if err != nil {
+			j.Broken = fmt.Sprintf("job %d: SLURM_JOB_GPUS from the job prolog: %v", j.ID, err)
+		} else if g, bad := h.Table.Unknown(gpus); bad {
+			j.Broken = fmt.Sprintf("job %d was given GPU %d, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", j.ID, g)
+		} else {
+			j.GPUs = gpus
+		}
+	}
+	h.Registry.Prolog(j)
+	if h.Recovery != nil {
+		h.Recovery.Forget(j.ID)
+	}
+	if j.Broken != "" {
+		log.Error("job prolog recorded with an unusable GPU list; its GPU steps will be refused", "reason", j.Broken)
+		return
+	}
+	log.Info("job prolog recorded", "gpus", gpulist.Format(j.GPUs))
+}
+
+func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) {
+	jobID, stepID, uid := m.GetJobId(), m.GetStepId(), m.GetUid()
+	name := fmt.Sprintf("%d.%s", jobID, policy.StepName(stepID))
+	log := h.Log.With("job_id", jobID, "step_id", policy.StepName(stepID), "uid", uid)
+	// NSS, maybe LDAP: cached after the first of the user's steps.
+	user := h.Users.Name(uid)
+
+	// Where the step lives: from slurmstepd's own cgroup, and every task
+	// pid (older plugins send them) must be in the same step.
+	lookupFailed := func(err error) error {
+		h.emit(audit.EventLookupFailed, audit.SeverityError, "the step's cgroup could not be found; the step is refused", func(r *audit.Record) {
+			r.JobID, r.StepID, r.UID, r.User, r.PID, r.Error = jobID, policy.StepName(stepID), audit.UID(uid), user, uint32(p.PID), err.Error()
+		})
+		return err
+	}
+	loc, err := jobcgroup.ForPID(h.Mount, p.PID, h.Scope)
+	if err == nil {
+		// The pid was read from the socket; the cgroup from /proc. Both
+		// name slurmstepd only if it is still the same process.
+		err = p.Verify()
+	}
+	if err != nil {
+		return nil, lookupFailed(fmt.Errorf("step %s: cannot place slurmstepd in Slurm's cgroup tree (%v); gpufence needs CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup", name, err))
+	}
+	for _, pid := range m.GetTaskPids() {
+		tl, err := jobcgroup.ForPID(h.Mount, int(pid), h.Scope)
+		if err != nil {
+			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d: %v", name, pid, err))
+		}
+		if tl.Step != loc.Step {
+			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d is in %s, not in its step's cgroup %s", name, pid, tl.Step, loc.Step))
+		}
+	}
+	cgID, err := jobcgroup.ID(loc.Step)
+	if err != nil {
+		return nil, lookupFailed(fmt.Errorf("step %s: %v", name, err))
+	}
+	cg := devfilter.Cgroup{ID: cgID, Path: loc.Step}
+	st, err := h.Settings.Get()
+	if err != nil {
+		return nil, fmt.Errorf("step %s: %v", name, err)
+	}
+
+	j, known := h.Registry.Job(jobID)
+	if known && j.Unconfirmed != "" && h.Recovery != nil && h.Recovery.Due(jobID) {
+		h.retryUnconfirmed(j)
+		j, known = h.Registry.Job(jobID)
+	}
+	if (!known || j.NoProlog) && h.Recovery != nil && h.Recovery.Due(jobID) {
+		h.recover(jobID, uid, user)
+		j, known = h.Registry.Job(jobID)
+	}
+
+	if err := h.Enforcer.Ensure(loc.Scope); err != nil {
+		return nil, fmt.Errorf("step %s: %v", name, err)
+	}
+	// Slurm makes its stepd parking cgroup when the first step starts.
+	h.Enforcer.RefreshExempt()
+	var pj *policy.Job
+	auditOnly := false
+	if known {
+		if j.UID != uid && !(j.Unconfirmed != "" && j.UID == UnknownUID) {
+			return nil, fmt.Errorf("step %s runs as uid %d but the job's prolog recorded uid %d", name, uid, j.UID)
+		}
+		if j.Broken != "" {
+			return nil, errors.New(j.Broken)
+		}
+		switch {
+		case j.Unconfirmed == registry.UnconfirmedAuditOnly:
+			// Audited, not enforced: the step gets what it asks for, and
+			// every open beyond that is a would-deny record.
+			pj, auditOnly = &policy.Job{ID: j.ID, UID: uid, GPUs: h.askedFor(stepID, m.StepGpus)}, true
+		case j.Unconfirmed == registry.UnconfirmedDeny:
+		case !j.NoProlog:
+			pj = &policy.Job{ID: j.ID, UID: j.UID, GPUs: j.GPUs}
+		}
+	}
+	dec, err := policy.ForStep(pj, jobID, stepID, m.StepGpus)
+	if err != nil {
+		if known && j.Unconfirmed == registry.UnconfirmedDeny {
+			return nil, fmt.Errorf("job %d has no trusted GPU list on this node (it was running when the gpufence agent started: %s); refusing to start a GPU step", jobID, j.Adopted)
+		}
+		return nil, err
+	}
+	if why := h.Table.Untrusted(); why != "" && len(dec.GPUs) > 0 {
+		return nil, fmt.Errorf("step %s: %s", name, why)
+	}
+	if dec.Note != "" {
+		log.Warn(dec.Note)
+	}
+	set, err := h.Table.Devices(dec.GPUs)
+	if err != nil {
+		return nil, fmt.Errorf("step %s: %v", name, err)
+	}
+	resp := &pb.Response{SlurmLocalIndices: st.LocalGPUIndices(), StepCgroup: "/" + strings.TrimPrefix(strings.TrimPrefix(loc.Step, h.Mount), "/")}
+	for _, g := range dec.GPUs {
+		resp.Gpus = append(resp.Gpus, uint32(g))
+	}
+	if prev, ok := h.Registry.Step(jobID, stepID); ok && prev.Cgroup.ID == cg.ID && slices.Equal(prev.GPUs, dec.GPUs) && prev.AuditOnly == auditOnly {
+		return resp, nil // a repeated request
+	}
+	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: auditOnly}); err != nil {
+		return nil, fmt.Errorf("step %s: cannot install its GPU policy: %v", name, err)
+	}
+	if h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly}, loc.Job) {
+		// No prolog (CPU-only use only, see policy.ForStep): the record
+		// lets the step's entry go when it ends.
+		h.emit(audit.EventJobWithoutProlog, audit.SeverityWarning, dec.Note, func(r *audit.Record) {
+			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(uid), user
+		})
+	}
+	if h.Watch != nil {
+		h.Watch(cg)
+	}
+	mode, msg := h.PolicyMode(), fmt.Sprintf("job %d step %s may open GPUs [%s]", jobID, policy.StepName(stepID), gpulist.Format(dec.GPUs))
+	if auditOnly {
+		mode, msg = audit.ModeAuditOnly, msg+"; its job is unconfirmed (adopt_unconfirmed: audit-only): any other GPU opens too, audited as would-deny"
+	}
+	log.Info("step policy applied", "gpus", gpulist.Format(dec.GPUs), "cgroup", cg.Path, "audit_only", auditOnly)
+	h.emit(audit.EventPolicyApplied, audit.SeverityInfo, msg, func(r *audit.Record) {
+		r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(uid), user
+		r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, dec.GPUs...), cg.Path, cg.ID, mode
+	})
+	return resp, nil
+}
+
+// recover asks slurmctld for the GPUs of a job the agent has no prolog
+// record of, records them as its trusted list, and audits it either way.
+func (h *Handler) recover(jobID, uid uint32, user string) {
+	o := h.Recovery.Ask(jobID, uid)
+	if o.Job != nil && !h.Registry.Recovered(*o.Job) {
+		return // a prolog came meanwhile
+	}
+	if o.Job != nil {
+		h.Recovery.Forget(jobID)
+	}
+	h.Log.Warn(o.Message, "job_id", jobID)
+	h.emit(audit.EventJobWithoutProlog, o.Severity, o.Message, func(r *audit.Record) {
+		r.JobID, r.UID, r.User = jobID, audit.UID(uid), user
+		if o.Err != nil {
+			r.Error = o.Err.Error()
+		}
+		if o.Job != nil {
+			r.GPUs = append([]int{}, o.Job.GPUs...)
+		}
+	})
+}
+
+// askedFor is the GPU list a step of an unconfirmed job asks for
+// (SLURM_STEP_GPUS; none for a whole-job step), only as a reply and a policy that is audited, not
+// enforced; indices the table lacks are left out.
+func (h *Handler) askedFor(stepID uint32, stepGPUs *string) []int {
+	if stepGPUs == nil || policy.WholeJobStep(stepID) {
+		return []int{}
+	}
+	gpus, err := gpulist.Parse(*stepGPUs)
+	if err != nil {
+		return []int{}
+	}
+	return slices.DeleteFunc(gpus, func(g int) bool { _, bad := h.Table.Unknown([]int{g}); return bad })
+}
+
+// stepEnd is what older plugins sent at a step's end; the agent now learns
+// of it from the step's cgroup going (StepGone).
+func (h *Handler) stepEnd(jobID, stepID uint32) {
+	if s, ok := h.Registry.RemoveStep(jobID, stepID); ok {
+		h.release(s, "step ended")
+	}
+}
+
+// StepGone releases the step registered on cgroup id, which Slurm removed:
+// the step ended, or its slurmstepd died.
+func (h *Handler) StepGone(id uint64, why string) {
+	if s, ok := h.Registry.RemoveCgroup(id); ok {
+		h.release(s, why)
+	}
+}
+
+// JobEnded releases the job and every step of it: its epilog came, or
+// slurmctld says it ended.
+func (h *Handler) JobEnded(jobID uint32, why string) {
+	for _, s := range h.Registry.DropJob(jobID) {
+		h.release(s, why)
+	}
+	if h.Recovery != nil {
+		h.Recovery.Forget(jobID)
+	}
+	h.Log.Info("job released", "job_id", jobID, "reason", why)
+}
+
+// release takes a forgotten step's entry from the kernel and audits it.
+func (h *Handler) release(s registry.Step, why string) {
+	o := registry.Owner{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs}
+	if err := h.Enforcer.Release(s.Cgroup, o); err != nil {
+		h.Log.Error("remove step policy", "job_id", s.JobID, "step_id", policy.StepName(s.StepID), "cgroup", s.Cgroup.Path, "err", err)
+	}
+	h.Log.Info("step policy removed", "job_id", s.JobID, "step_id", policy.StepName(s.StepID), "reason", why)
+	h.emit(audit.EventPolicyReleased, audit.SeverityInfo, fmt.Sprintf("job %d step %s released (%s)", s.JobID, policy.StepName(s.StepID), why), func(r *audit.Record) {
+		r.JobID, r.StepID, r.UID, r.User = s.JobID, policy.StepName(s.StepID), audit.UID(s.UID), h.Users.Name(s.UID)
+		r.Cgroup, r.CgroupID, r.Reason = s.Cgroup.Path, s.Cgroup.ID, why
+		r.GPUs = append([]int{}, s.GPUs...)
+	})
+}

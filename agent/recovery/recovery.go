@@ -1,0 +1,164 @@
+// Package recovery asks slurmctld what the agent's own records cannot say:
+// the GPUs of a job whose prolog record is missing (agent down at job
+// start, state lost), and whether a job whose epilog never came has ended.
+// It reads only output no job user can steer (agent/slurm.Controller), and
+// paces its questions so a job's burst of steps is not a burst of RPCs.
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/agent/slurm"
+)
+
+// JobSource is slurmctld; *slurm.Controller implements it.
+type JobSource interface {
+	Job(ctx context.Context, id uint32) (slurm.ControllerJob, error)
+}
+
+// Table is the node's GPU table, as recovery checks a list against it.
+type Table interface {
+	Unknown(gpus []int) (int, bool)
+}
+
+// Retry is how soon slurmctld is asked again about a job it could not vouch
+// for.
+const Retry = 5 * time.Second
+
+// Timeout bounds one question.
+const Timeout = 5 * time.Second
+
+// Recovery asks slurmctld. Its methods are safe for concurrent use.
+type Recovery struct {
+	Source JobSource
+	Table  Table
+	Node   string
+
+	mu    sync.Mutex
+	asked map[uint32]time.Time
+}
+
+// Due reports whether slurmctld should be asked for job id's GPUs now: not
+// in the last Retry. It marks the job asked.
+func (r *Recovery) Due(id uint32) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.asked == nil {
+		r.asked = map[uint32]time.Time{}
+	}
+	if t, ok := r.asked[id]; ok && time.Since(t) < Retry {
+		return false
+	}
+	r.asked[id] = time.Now()
+	return true
+}
+
+// Forget drops the pacing of job id (recovered, or its epilog came).
+func (r *Recovery) Forget(id uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.asked, id)
+}
+
+// Outcome is what recovering a job came to.
+type Outcome struct {
+	// Job is the record to keep; nil when slurmctld could not vouch for
+	// the job: its steps get no GPU.
+	Job *registry.Job
+	// Message and Severity are for the audit record either way; Err is
+	// slurmctld's error, if any.
+	Message  string
+	Severity audit.Severity
+	Err      error
+	// Unreachable: slurmctld could not be asked (down, timed out), as
+	// opposed to an answer that refuses the job (unknown, ended, ambiguous,
+	// another owner). Only this is an outage; the rest say no.
+	Unreachable bool
+	// Ambiguous: slurmctld's answer held lines a job field can fake.
+	Ambiguous bool
+}
+
+// Ask asks slurmctld for the GPUs job id holds on this node. uid is the
+// step's; slurmctld must name the same owner.
+func (r *Recovery) Ask(id, uid uint32) Outcome { return r.ask(id, &uid, "has no prolog record") }
+
+// Adopt asks slurmctld for the GPUs of job id, found running with no
+// record when the agent started; the owner is slurmctld's.
+func (r *Recovery) Adopt(id uint32) Outcome {
+	return r.ask(id, nil, "was running with no record when the agent started")
+}
+
+func (r *Recovery) ask(id uint32, wantUID *uint32, what string) Outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	cj, err := r.Source.Job(ctx, id)
+	var amb *slurm.AmbiguousError
+	o := Outcome{Severity: audit.SeverityWarning, Err: err}
+	switch {
+	case errors.As(err, &amb):
+		o.Ambiguous = true
+		o.Message, o.Severity = fmt.Sprintf("job %d %s and slurmctld's answer about it is ambiguous (%s): a job field (name, comment, working directory) holds lines that look like Slurm's own; its steps get no GPU", id, what, amb.Reason), audit.SeverityError
+	case errors.Is(err, slurm.ErrJobUnknown):
+		o.Message = fmt.Sprintf("job %d %s and slurmctld does not know it; its steps get no GPU", id, what)
+	case err != nil:
+		o.Message, o.Unreachable = fmt.Sprintf("job %d %s and slurmctld could not be asked (%v); its steps get no GPU", id, what, err), true
+	case !cj.Running():
+		o.Message = fmt.Sprintf("job %d %s and slurmctld says it is %s, not running on %s; its steps get no GPU", id, what, cj.State, r.Node)
+	case wantUID != nil && cj.UID != *wantUID:
+		o.Message, o.Severity = fmt.Sprintf("job %d %s; slurmctld says it belongs to uid %d, its step runs as uid %d; its steps get no GPU", id, what, cj.UID, *wantUID), audit.SeverityError
+	}
+	if o.Message != "" {
+		return o
+	}
+	uid := cj.UID
+	j := &registry.Job{ID: id, UID: uid, GPUs: cj.GPUs, Recovered: cj.Source, Created: time.Now()}
+	if g, bad := r.Table.Unknown(cj.GPUs); bad {
+		j.Broken = fmt.Sprintf("job %d holds GPU %d per slurmctld, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", id, g)
+		j.GPUs = []int{}
+	}
+	o.Job = j
+	o.Message = fmt.Sprintf("job %d had no prolog record; its trusted GPU list [%s] was recovered from slurmctld (%s)", id, formatList(cj.GPUs), cj.Source)
+	if wantUID == nil {
+		o.Message = fmt.Sprintf("job %d %s; slurmctld confirmed its GPU list [%s] (%s)", id, what, formatList(cj.GPUs), cj.Source)
+	}
+	return o
+}
+
+// Ended asks whether job id's allocation on this node is over: slurmctld no
+// longer knows the job, or says it finished or went back to the queue.
+// An error means slurmctld could not say; the job is then kept.
+func (r *Recovery) Ended(id uint32) (ended bool, why string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	cj, err := r.Source.Job(ctx, id)
+	switch {
+	case errors.Is(err, slurm.ErrJobUnknown):
+		return true, "slurmctld no longer knows it", nil
+	case err != nil:
+		return false, "", err
+	case !cj.Running():
+		where := "other nodes"
+		if cj.OnNode {
+			where = "this node"
+		}
+		return true, fmt.Sprintf("slurmctld says it is %s on %s", cj.State, where), nil
+	}
+	return false, "slurmctld says it still runs here (" + cj.State + ")", nil
+}
+
+func formatList(gpus []int) string {
+	s := ""
+	for i, g := range gpus {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprint(g)
+	}
+	return s
+}
