@@ -308,17 +308,32 @@ func TestPrivilegedUserNamespace(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// Each job on an idle node: namespace/linux tears the last
 			// job's namespace down in its epilog.
-			st.waitIdle(t)
-			r := st.c.Run(st.ctx, user, "srun", append(tc.args, "sh", "-c", probe)...)
-			if r.Code != 0 {
-				b, _ := os.ReadFile(st.c.LogPath("slurmd.log"))
+			var r cluster.Result
+			for attempt := 1; ; attempt++ {
+				st.waitIdle(t)
+				logBefore := fileSize(st.c.LogPath("slurmd.log"))
+				r = st.c.Run(st.ctx, user, "srun", append(tc.args, "sh", "-c", probe)...)
+				if r.Code == 0 {
+					break
+				}
+				log := logSince(st.c.LogPath("slurmd.log"), logBefore)
+				// Slurm's namespace/linux (seen with 26.05 on this
+				// machine's 6.18 kernel, one job in a few) now and then
+				// fails to bind-mount the job's new mount namespace
+				// (EINVAL) in the extern step, before any task ran or
+				// gpufence was asked: the job is refused. Slurm's own
+				// setup, not what this test is about: that job again.
+				if attempt < 3 && strings.Contains(log, "_create_ns: ns mnt mount failed") {
+					t.Logf("attempt %d: Slurm's namespace/linux could not set up the job's namespaces (\"ns mnt mount failed\" in slurmd.log), no task ran; again", attempt)
+					continue
+				}
 				var errs []string
-				for _, l := range strings.Split(tailLines(string(b), 400), "\n") {
+				for _, l := range strings.Split(log, "\n") {
 					if strings.Contains(l, "error") || strings.Contains(l, "namespace") {
 						errs = append(errs, l)
 					}
 				}
-				t.Fatalf("%s\nslurmd.log, errors and namespace lines of its end:\n%s", r, tailLines(strings.Join(errs, "\n"), 40))
+				t.Fatalf("%s\nslurmd.log of this job, errors and namespace lines:\n%s", r, tailLines(strings.Join(errs, "\n"), 40))
 			}
 			ns := ""
 			for _, l := range strings.Split(r.Stdout, "\n") {
@@ -417,4 +432,23 @@ func TestPrivilegedUUIDVisibleDevices(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fileSize is a file's size now, 0 if it cannot be read.
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// logSince is what a log file gained after offset (the whole file if it
+// shrank).
+func logSince(path string, offset int64) string {
+	b, _ := os.ReadFile(path)
+	if int64(len(b)) < offset {
+		offset = 0
+	}
+	return string(b[offset:])
 }
