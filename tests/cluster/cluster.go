@@ -161,6 +161,10 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if c.lock, err = takeLock(ctx); err != nil {
 		return nil, err
 	}
+	if err := reapStale(c.logf, ""); err != nil {
+		c.lock.Close()
+		return nil, fmt.Errorf("a stale test cluster is left and could not be cleaned: %w", err)
+	}
 	defer func() {
 		if err != nil {
 			if serr := c.Stop(); serr != nil {
@@ -700,7 +704,7 @@ func (c *Cluster) SetNamespace(yaml string) error {
 // early leaves them). Only that folder, which the harness gave Slurm.
 func (c *Cluster) unmountNamespaceBase() error {
 	var errs []error
-	m := mountsUnder(c.NamespaceBase())
+	m := mountsAt(c.NamespaceBase())
 	for i := len(m) - 1; i >= 0; i-- {
 		c.logf("unmounting %s, left by namespace/linux", m[i])
 		if err := syscall.Unmount(m[i], syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
@@ -802,6 +806,8 @@ func (c *Cluster) RunEnv(ctx context.Context, usr string, extraEnv []string, nam
 // RunStdin is RunEnv with stdin as the command's standard input (salloc's
 // interactive shell reads its commands there).
 func (c *Cluster) RunStdin(ctx context.Context, usr string, extraEnv []string, stdin, name string, args ...string) Result {
+	ctx, cancel := context.WithTimeout(ctx, CommandTimeout)
+	defer cancel()
 	res := Result{Cmd: strings.Join(append([]string{name}, args...), " "), Code: -1}
 	if usr != "" {
 		res.Cmd = usr + "$ " + res.Cmd
@@ -873,9 +879,16 @@ func (c *Cluster) Sbatch(ctx context.Context, usr string, args ...string) (strin
 	return id, nil
 }
 
+// CommandTimeout bounds each client command (srun, sbatch, squeue…) and
+// each WaitJob, so a job that never starts fails the test that made it
+// instead of hanging the suite.
+const CommandTimeout = 5 * time.Minute
+
 // WaitJob waits until job id has left squeue and returns its final
 // JobState from scontrol (COMPLETED, FAILED, …).
 func (c *Cluster) WaitJob(ctx context.Context, id string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, CommandTimeout)
+	defer cancel()
 	for {
 		r := c.Run(ctx, "", "squeue", "-h", "-j", id, "-o", "%T")
 		if (r.Code == 0 && strings.TrimSpace(r.Stdout) == "") || strings.Contains(r.Stderr, "Invalid job id") {
@@ -1015,7 +1028,7 @@ func (c *Cluster) cancelJobs() error {
 func (c *Cluster) removeFiles() error {
 	// Never remove a tree something is still mounted in (gfroot mounts
 	// only in namespaces of its own, which end with their processes).
-	if m := mountsUnder(c.st.Root); len(m) > 0 {
+	if m := mountsAt(c.st.Root); len(m) > 0 {
 		return fmt.Errorf("%s is left in place: mounts under it: %v", c.st.Root, m)
 	}
 	if c.st.CreatedRoot {

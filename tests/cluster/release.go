@@ -421,30 +421,20 @@ func (c *Cluster) BuildPlugin(ctx context.Context, goLib string) (string, error)
 	return so, nil
 }
 
-// mountsUnder lists the mount points at or below dir in this process's
+// mountsAt lists the mount points at or below dir in this process's
 // mount namespace; gfroot's mounts live in namespaces of their own, so this
 // is empty unless something went wrong, and then nothing under dir may be
 // removed.
-func mountsUnder(dir string) []string {
+func mountsAt(dir string) []string {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return []string{"(cannot read /proc/self/mountinfo: " + err.Error() + ")"}
 	}
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMount(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
+		if f := strings.Fields(l); len(f) >= 5 && unescapeMount(f[4]) == filepath.Clean(dir) {
+			out = append(out, dir)
 		}
 	}
-	return out
-}
-
-func unescapeMount(s string) string {
-	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	return r.Replace(s)
+	return append(out, mountsUnder(string(b), dir)...)
 }

@@ -118,13 +118,19 @@ func get(t *testing.T) *suite {
 }
 
 func start(t *testing.T) (*suite, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	// The suite's commands run under a context that only its end cancels:
+	// each command has its own limit (cluster.CommandTimeout), so one stuck
+	// job fails its test, not every test after the first 20 minutes.
+	// Waiting for the cluster lock and building are bounded apart.
+	ctx, cancel := context.WithCancel(context.Background())
+	setupCtx, setupCancel := context.WithTimeout(ctx, 20*time.Minute)
+	defer setupCancel()
 	var err error
-	if setup, err = cluster.Ensure(ctx, t.Logf); err != nil {
+	if setup, err = cluster.Ensure(setupCtx, t.Logf); err != nil {
 		cancel()
 		return nil, err
 	}
-	gf, goLib, err := binaries(ctx)
+	gf, goLib, err := binaries(setupCtx)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -136,15 +142,16 @@ func start(t *testing.T) (*suite, error) {
 	}
 	t0 := time.Now()
 	// GPUFENCE_E2E_KEEP=1 keeps the cluster's folder (logs, audit files)
-	// for a post-mortem.
-	c, err := cluster.Start(ctx, cluster.Options{Logf: t.Logf, Binds: binds, Keep: os.Getenv("GPUFENCE_E2E_KEEP") != ""})
+	// for a post-mortem. A source build of the release, when not cached,
+	// happens in Start, within setupCtx.
+	c, err := cluster.Start(setupCtx, cluster.Options{Logf: t.Logf, Binds: binds, Keep: os.Getenv("GPUFENCE_E2E_KEEP") != ""})
 	if err != nil {
 		cancel()
 		return nil, err
 	}
 	st.c = c
 	t.Logf("Slurm %s (%s, %s) up in %s", c.SlurmVersion(), c.Selection(), c.Kind(), time.Since(t0).Round(time.Millisecond))
-	if st.plugin, st.golib, err = pluginFor(ctx, c, goLib); err != nil {
+	if st.plugin, st.golib, err = pluginFor(setupCtx, c, goLib); err != nil {
 		st.stop()
 		return nil, err
 	}
@@ -162,7 +169,7 @@ func start(t *testing.T) (*suite, error) {
 		return nil, fmt.Errorf("mount bpffs: %v %s", err, out)
 	}
 	st.bpffsMounted = true
-	if st.open, err = c.BuildTool(ctx, "gf-open"); err != nil {
+	if st.open, err = c.BuildTool(setupCtx, "gf-open"); err != nil {
 		st.stop()
 		return nil, err
 	}
