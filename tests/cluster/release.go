@@ -225,7 +225,14 @@ func (c *Cluster) binPathIn(name string) string {
 // daemonArgv is the command line of a Slurm daemon of the cluster's release.
 func (c *Cluster) daemonArgv(name string, args ...string) []string {
 	if c.st.SysRoot != "" {
-		return append([]string{c.st.Gfroot}, c.rootArgs(append([]string{"/usr/sbin/" + name}, args...)...)...)
+		argv := []string{c.st.Gfroot}
+		if name == "slurmd" && c.st.Namespace {
+			// namespace/linux binds each job's new mount namespace from
+			// slurmstepd, which Linux 6.18 may refuse when the two
+			// namespaces were made on different CPUs (gfroot -one-cpu).
+			argv = append(argv, "-one-cpu")
+		}
+		return append(argv, c.rootArgs(append([]string{"/usr/sbin/" + name}, args...)...)...)
 	}
 	return append([]string{c.binPath(name)}, args...)
 }

@@ -44,18 +44,19 @@ func main() {
 	flag.Var(&overlays, "overlay", "SRC:DST: bind the host folder SRC over DST inside the root, after /proc and /sys (repeatable; e.g. a fake /proc/driver)")
 	usr := flag.String("user", "", "UID:GID[:G1,G2,...] to run CMD as (default: stay root)")
 	chdir := flag.String("chdir", "/", "working folder inside the root")
+	oneCPU := flag.Bool("one-cpu", false, "run on one CPU (the first this process may use): the namespace is made there, and so are the ones CMD makes (see run)")
 	flag.Parse()
 	if *root == "" || flag.NArg() == 0 {
 		fmt.Fprintln(os.Stderr, "usage: gfroot -root DIR [-bind PATH]... [-user UID:GID[:G,...]] [-chdir DIR] -- CMD [ARG]...")
 		os.Exit(2)
 	}
-	if err := run(*root, binds, nodes, overlays, *usr, *chdir, flag.Args()); err != nil {
+	if err := run(*root, binds, nodes, overlays, *usr, *chdir, *oneCPU, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "gfroot:", err)
 		os.Exit(127)
 	}
 }
 
-func run(root string, binds, nodes, overlays []string, usr, chdir string, argv []string) error {
+func run(root string, binds, nodes, overlays []string, usr, chdir string, oneCPU bool, argv []string) error {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return err
@@ -65,6 +66,18 @@ func run(root string, binds, nodes, overlays []string, usr, chdir string, argv [
 	}
 	// The namespace and the chroot belong to this thread, which then execs.
 	runtime.LockOSThread()
+	if oneCPU {
+		// Linux 6.18 hands out namespace ids in per-CPU batches, and
+		// refuses to bind a mount namespace's file (/proc/PID/ns/mnt)
+		// whose id is not above the caller's namespace's, as a loop
+		// (mnt_ns_loop: EINVAL). A namespace made on the other CPU than
+		// this one can get a lower id though made later: Slurm's
+		// namespace/linux then fails a job in one of two. Made on one CPU,
+		// the ids rise. The affinity lasts through exec.
+		if err := pinOneCPU(); err != nil {
+			return err
+		}
+	}
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("unshare mount namespace: %w", err)
 	}
@@ -252,4 +265,23 @@ func drop(spec string) error {
 		return fmt.Errorf("setresuid %d: %w", uid, err)
 	}
 	return nil
+}
+
+// pinOneCPU keeps this thread on the first CPU of its affinity mask.
+func pinOneCPU() error {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return fmt.Errorf("read CPU affinity: %w", err)
+	}
+	for cpu := 0; cpu < len(set)*64; cpu++ {
+		if set.IsSet(cpu) {
+			var one unix.CPUSet
+			one.Set(cpu)
+			if err := unix.SchedSetaffinity(0, &one); err != nil {
+				return fmt.Errorf("keep to CPU %d: %w", cpu, err)
+			}
+			return nil
+		}
+	}
+	return errors.New("no CPU in this process's affinity mask")
 }
