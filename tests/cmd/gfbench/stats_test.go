@@ -30,38 +30,85 @@ func TestQuantile(t *testing.T) {
 	}
 }
 
-func TestSummarizeSkipsWarmupAndOtherVariants(t *testing.T) {
+func TestSummarizeSkipsWarmupOtherVariantsAndShapes(t *testing.T) {
 	ss := []sample{
-		{Variant: "new-job/with", Ms: 1000, Warmup: true},
-		{Variant: "new-job/with", Ms: 10, SettleMs: 40},
-		{Variant: "new-job/with", Ms: 30, Queued: true, SettleMs: 60},
-		{Variant: "new-job/without", Ms: 5},
+		{Variant: "gpufence", Shape: shNewJob, Ms: 1000, SettleMs: 900, Warmup: true},
+		{Variant: "gpufence", Shape: shNewJob, Ms: 10, SettleMs: 40},
+		{Variant: "gpufence", Shape: shNewJob, Ms: 30, Queued: 1, SettleMs: 60},
+		{Variant: "gpufence", Shape: shStep, Ms: 3, SettleMs: 7},
+		{Variant: "none", Shape: shNewJob, Ms: 5},
 	}
-	got := summarize("new-job/with", ss)
-	want := summary{Variant: "new-job/with", N: 2, Median: 20, P90: 28, Min: 10, Max: 30, Queued: 1, Settle: 50}
+	got := summarize(shNewJob, "gpufence", ss)
+	want := summary{Shape: shNewJob, Variant: "gpufence", N: 2, Median: 20, P90: 28, Min: 10, Max: 30, Queued: 1}
 	if got != want {
-		t.Errorf("summarize = %+v, want %+v", got, want)
+		t.Errorf("summarize new-job = %+v, want %+v", got, want)
+	}
+	// settle-job is the new-job samples' settle time.
+	got = summarize(shSettleJob, "gpufence", ss)
+	want = summary{Shape: shSettleJob, Variant: "gpufence", N: 2, Median: 50, P90: 58, Min: 40, Max: 60}
+	if got != want {
+		t.Errorf("summarize settle-job = %+v, want %+v", got, want)
 	}
 }
 
-func TestRatios(t *testing.T) {
-	sums := map[string]summary{
-		"new-job/without":       {Median: 200, P90: 250},
-		"new-job/with":          {Median: 250, P90: 300},
-		"step-in-alloc/without": {Median: 100, P90: 120},
-		"step-in-alloc/with":    {Median: 150, P90: 180},
+func TestRatiosAndTargets(t *testing.T) {
+	sums := []summary{
+		{Shape: shNewJob, Variant: "none", Median: 200, P90: 250},
+		{Shape: shNewJob, Variant: "constrain", Median: 201, P90: 250},
+		{Shape: shNewJob, Variant: "gpufence", Median: 204, P90: 300},
+		{Shape: shStep, Variant: "none", Median: 100, P90: 120},
+		{Shape: shStep, Variant: "constrain", Median: 100, P90: 120},
+		{Shape: shStep, Variant: "gpufence", Median: 103, P90: 180},
+		{Shape: shSettleJob, Variant: "none", Median: 50, P90: 50},
+		{Shape: shSettleJob, Variant: "constrain", Median: 50, P90: 50},
+		{Shape: shSettleJob, Variant: "gpufence", Median: 54, P90: 50},
+		{Shape: shSettleStep, Variant: "none", Median: 10, P90: 10},
+		{Shape: shSettleStep, Variant: "constrain", Median: 10, P90: 10},
+		{Shape: shSettleStep, Variant: "gpufence", Median: 10, P90: 10},
+		{Shape: shBurst, Variant: "none", Median: 1000, P90: 1000},
+		{Shape: shBurst, Variant: "constrain", Median: 1000, P90: 1000},
+		{Shape: shBurst, Variant: "gpufence", Median: 1100, P90: 1000},
 	}
-	want := []ratio{
-		{Shape: "new-job", MedianRatio: 1.25, P90Ratio: 1.2, MedianDelta: 50},
-		{Shape: "step-in-alloc", MedianRatio: 1.5, P90Ratio: 1.5, MedianDelta: 50},
+	rs := ratios(sums)
+	r, ok := findRatio(rs, shNewJob, "gpufence")
+	if !ok || r.MedianRatio != 1.02 || r.P90Ratio != 1.2 || r.MedianDelta != 4 || r.DeltaVsConstrain != 3 {
+		t.Errorf("new-job gpufence ratio = %+v", r)
 	}
-	got := ratios(sums)
-	if len(got) != len(want) {
-		t.Fatalf("ratios = %+v, want %+v", got, want)
+	r, ok = findRatio(rs, shStep, "constrain")
+	if !ok || r.MedianRatio != 1 || r.MedianDelta != 0 {
+		t.Errorf("step constrain ratio = %+v", r)
 	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("ratios[%d] = %+v, want %+v", i, got[i], want[i])
+	agent := []agentRow{{Type: metricStepSrt, During: duringBurst, P99: 0.0012}}
+	want := map[string]bool{
+		"step-in-alloc x none":              true,  // 1.03
+		"step-in-alloc +ms none":            false, // +3
+		"new-job x none":                    true,  // 1.02
+		"new-job +ms none":                  true,  // +4
+		"settle-job +ms none":               true,  // +4
+		"burst x none":                      false, // 1.1
+		"agent step_start p99 ms in bursts": false, // 1.2 ms
+		"new-job +ms constrain":             false, // +3
+		"step-in-alloc +ms constrain":       false, // +3
+		"settle-job +ms constrain":          false, // +4
+		"settle-step +ms constrain":         true,
+		"burst +ms constrain":               false, // +100
+	}
+	ts := checkTargets(rs, agent)
+	if len(ts) != len(want) {
+		t.Fatalf("%d targets, want %d: %+v", len(ts), len(want), ts)
+	}
+	for _, tg := range ts {
+		w, ok := want[tg.What]
+		if !ok || tg.Holds != w {
+			t.Errorf("target %q (%v, limit %v): holds=%v, want %v (known: %v)", tg.What, tg.Value, tg.Limit, tg.Holds, w, ok)
+		}
+	}
+}
+
+func TestTargetsMissedWithoutData(t *testing.T) {
+	for _, tg := range checkTargets(nil, nil) {
+		if tg.Holds {
+			t.Errorf("target %q holds with no measurement", tg.What)
 		}
 	}
 }
