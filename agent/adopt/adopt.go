@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package adopt takes over jobs that were running when the agent started
 // with no record of them: the first start on a busy node (gpufence put in
 // place while training runs), or records lost. Without it their processes

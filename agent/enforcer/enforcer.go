@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package enforcer is the kernel stage of the agent: it keeps the device
 // filter attached to Slurm's live scope, writes and releases each cgroup's
 // entry, keeps Slurm's own cgroups (system, slurmd) allowed, and removes

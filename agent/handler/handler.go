@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package handler answers the SPANK plugin's requests, each in one pass:
 // the request → the policy decision (agent/policy) → the kernel map update
 // (agent/enforcer) → the record (agent/registry) → the reply. It holds no
@@ -221,13 +223,22 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	for _, g := range dec.GPUs {
 		resp.Gpus = append(resp.Gpus, uint32(g))
 	}
-	if prev, ok := h.Registry.Step(jobID, stepID); ok && prev.Cgroup.ID == cg.ID && slices.Equal(prev.GPUs, dec.GPUs) && prev.AuditOnly == auditOnly {
+	prev, hadPrev := h.Registry.Step(jobID, stepID)
+	if hadPrev && prev.Cgroup.ID == cg.ID && slices.Equal(prev.GPUs, dec.GPUs) && prev.AuditOnly == auditOnly {
 		return resp, nil // a repeated request
 	}
+	// The record first, then the kernel entry: a crash between them leaves
+	// a record whose entry the next start writes (beforeEnforce), never an
+	// entry the agent has no record of.
+	placeholder := h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly}, loc.Job)
 	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: auditOnly}); err != nil {
+		h.Registry.RemoveCgroup(cg.ID)
+		if hadPrev && prev.Cgroup.ID == cg.ID {
+			h.Registry.AddStep(prev, loc.Job) // its entry is still the kernel's
+		}
 		return nil, fmt.Errorf("step %s: cannot install its GPU policy: %v", name, err)
 	}
-	if h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly}, loc.Job) {
+	if placeholder {
 		// No prolog (CPU-only use only, see policy.ForStep): the record
 		// lets the step's entry go when it ends.
 		h.emit(audit.EventJobWithoutProlog, audit.SeverityWarning, dec.Note, func(r *audit.Record) {

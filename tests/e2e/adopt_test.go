@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -71,12 +73,11 @@ func (st *suite) ctldWrapper(t *testing.T) (dir, down string) {
 // jobs start with no gpufence (empty plugstack, no agent) and probe every
 // GPU until told to stop. The agent is started and the plugstack line
 // enabled with a slurmd restart while they run: from then on each opens its
-// own GPU and no other, and never sees an EPERM on its own; a new job is
-// isolated. Then the agent loses everything (kill -9, pins and state gone)
+// own GPU and no other, and never sees an EPERM on its own. Then the agent loses everything (kill -9, pins and state gone)
 // while slurmctld cannot be asked: the jobs are adopted unconfirmed, which
 // by default is audit-only for them alone (opens allowed, audited as
 // would-deny); once slurmctld answers again they are held to their GPUs.
-// The expected GPUs come from slurmctld's JSON, never from the jobs.
+// A new job after them is isolated. The expected GPUs come from slurmctld's JSON, never from the jobs.
 func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 	st := get(t)
 	st.waitIdle(t)
@@ -175,9 +176,6 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 	if err := st.c.RestartSlurmdBusy(); err != nil {
 		t.Fatal(err)
 	}
-	rep, r := st.srun(t, nil, "--gres=gpu:1")
-	mustOK(t, r)
-	st.expectGPUs(t, rep, st.allocatedOf(t, rep))
 	time.Sleep(time.Second)
 
 	// Everything lost, and slurmctld unreachable for the agent.
@@ -231,6 +229,10 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 			t.Fatalf("job %s: %q %v\n%s", id, state, err, log)
 		}
 	}
+	// A new job (the node's two CPUs were the probing jobs' until now).
+	rep, r := st.srun(t, nil, "--gres=gpu:1")
+	mustOK(t, r)
+	st.expectGPUs(t, rep, st.allocatedOf(t, rep))
 	t.Logf("install: agent ready %v after start; lost state: ready %v; confirmed %v after slurmctld was back",
 		t1ready.Sub(t1).Round(time.Millisecond), t2ready.Sub(t2).Round(time.Millisecond), t3ready.Sub(t3).Round(time.Millisecond))
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package e2e drives the whole product against a real Slurm 22.05 on this
 // machine: real slurmctld, slurmd and slurmstepd loading the SPANK plugin,
 // the real agent, and the kernel enforcing the device filter on fake GPUs
@@ -110,20 +112,26 @@ func get(t *testing.T) *suite {
 }
 
 func start(t *testing.T) (*suite, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	// The suite's commands run under a context that only its end cancels:
+	// each command has its own limit (cluster.CommandTimeout), so one stuck
+	// job fails its test, not every test after the first 20 minutes.
+	// Waiting for the cluster lock and building are bounded apart.
+	ctx, cancel := context.WithCancel(context.Background())
+	setupCtx, setupCancel := context.WithTimeout(ctx, 20*time.Minute)
+	defer setupCancel()
 	var err error
-	if setup, err = cluster.Ensure(ctx, t.Logf); err != nil {
+	if setup, err = cluster.Ensure(setupCtx, t.Logf); err != nil {
 		cancel()
 		return nil, err
 	}
-	gf, plugin, err := binaries(ctx)
+	gf, plugin, err := binaries(setupCtx)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
 	t.Logf("testing %s and %s", gf, plugin)
 	st := &suite{gpufence: gf, plugin: plugin, ctx: ctx, cancel: cancel}
-	c, err := cluster.Start(ctx, cluster.Options{Logf: t.Logf})
+	c, err := cluster.Start(setupCtx, cluster.Options{Logf: t.Logf})
 	if err != nil {
 		cancel()
 		return nil, err
@@ -142,7 +150,7 @@ func start(t *testing.T) (*suite, error) {
 		return nil, fmt.Errorf("mount bpffs: %v %s", err, out)
 	}
 	st.bpffsMounted = true
-	if st.open, err = c.BuildTool(ctx, "gf-open"); err != nil {
+	if st.open, err = c.BuildTool(setupCtx, "gf-open"); err != nil {
 		st.stop()
 		return nil, err
 	}

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gfbench measures what gpufence adds to launching GPU job steps on
 // the real single-node Slurm of tests/cluster, side by side with stock Slurm
 // and with Slurm's own device constraint, in one run:
