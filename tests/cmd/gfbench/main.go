@@ -7,7 +7,12 @@
 //   - none: an empty plugstack.conf, ConstrainDevices=no;
 //   - constrain: an empty plugstack.conf, cgroup.conf ConstrainDevices=yes;
 //   - gpufence: the gpufence SPANK plugin and agent (production settings:
-//     pinned filter, state file, Prometheus endpoint), ConstrainDevices=no.
+//     pinned filter, state file, Prometheus endpoint), ConstrainDevices=no;
+//   - spank-noop (only with -noop): a C SPANK plugin with gpufence's
+//     callbacks, each returning at once, ConstrainDevices=no. It tells what
+//     Slurm itself spends on having a plugin with prolog/epilog callbacks
+//     (slurmd then runs `slurmstepd spank prolog|epilog` for each job) apart
+//     from what gpufence's callbacks and agent add.
 //
 // Shapes, all as the job user:
 //
@@ -22,13 +27,15 @@
 //
 // For gpufence it also reads the agent's own request latency per request
 // type from its histogram gpufence_request_duration_seconds (/metrics):
-// over the one-at-a-time runs, and StepStart while the bursts run.
+// over the one-at-a-time runs, and StepStart while the bursts run; and from
+// the kernel's schedstat, how long the agent's threads ran and how long they
+// waited for a CPU while the bursts ran.
 //
-//	gfbench [-rounds N] [-runs N] [-bursts N] [-burst N] [-warmup N] [-quick] [-out FILE] [-bin DIR] [-keep]
+//	gfbench [-rounds N] [-runs N] [-bursts N] [-burst N] [-warmup N] [-noop] [-quick] [-out FILE] [-bin DIR] [-keep]
 //
 // slurmd reads cgroup.conf and the prolog/epilog plugins of plugstack.conf
 // only when it starts, so the variants take turns in rounds (none,
-// constrain, gpufence, none, …) with a slurmd restart between them; within a
+// constrain, [spank-noop,] gpufence, none, …) with a slurmd restart between them; within a
 // round the two single shapes alternate run by run, then the bursts run.
 // Warm-up runs after each restart are recorded but not counted. Ratios are
 // against "none" measured in the same run.
@@ -63,14 +70,29 @@ type variant struct {
 	Name      string `json:"name"`
 	Constrain bool   `json:"constrain_devices"`
 	Gpufence  bool   `json:"gpufence"`
+	Noop      bool   `json:"noop_plugin,omitempty"`
 }
 
 var (
 	vNone      = variant{Name: "none"}
 	vConstrain = variant{Name: "constrain", Constrain: true}
 	vGpufence  = variant{Name: "gpufence", Gpufence: true}
-	variants   = []variant{vNone, vConstrain, vGpufence}
+	vNoop      = variant{Name: "spank-noop", Noop: true}
+	// variants is the table's order; a run has vNoop only with -noop.
+	variants = []variant{vNone, vConstrain, vNoop, vGpufence}
 )
+
+// noopPlugin is the spank-noop variant's plugin: gpufence's callbacks, none
+// doing anything.
+const noopPlugin = `#include <slurm/spank.h>
+SPANK_PLUGIN(gfbench_noop, 1)
+#define NOOP(f) int f(spank_t sp, int ac, char **av) { (void)sp; (void)ac; (void)av; return 0; }
+NOOP(slurm_spank_init)
+NOOP(slurm_spank_job_prolog)
+NOOP(slurm_spank_task_post_fork)
+NOOP(slurm_spank_task_init)
+NOOP(slurm_spank_job_epilog)
+`
 
 // Shape names. settle-* are derived from the new-job and step-in-alloc
 // samples.
@@ -113,7 +135,7 @@ type sample struct {
 
 type options struct {
 	rounds, runs, warmup, bursts, burst int
-	quick, keep                         bool
+	quick, keep, noop                   bool
 	out, bin                            string
 	srunTimeout                         time.Duration
 }
@@ -148,6 +170,8 @@ type roundHistos struct {
 	Round      int                  `json:"round"`
 	Sequential map[string]histogram `json:"sequential"`
 	Burst      map[string]histogram `json:"burst"`
+	// BurstSched is the agent's threads' schedstat summed over the bursts.
+	BurstSched schedStat `json:"burst_schedstat"`
 }
 
 func main() {
@@ -157,6 +181,7 @@ func main() {
 	flag.IntVar(&o.warmup, "warmup", 1, "untimed runs per single shape after each slurmd restart")
 	flag.IntVar(&o.bursts, "bursts", 2, "bursts per round")
 	flag.IntVar(&o.burst, "burst", 50, "concurrent srun --overlap steps per burst")
+	flag.BoolVar(&o.noop, "noop", false, "add the spank-noop variant: a SPANK plugin whose callbacks do nothing (what Slurm spends on a prolog/epilog plugin at all)")
 	flag.BoolVar(&o.quick, "quick", false, "check that it works: 1 round per variant, 3 runs per shape, 1 burst")
 	flag.StringVar(&o.out, "out", "build/bench.json", "JSON file for the configuration, every sample and the summary")
 	flag.StringVar(&o.bin, "bin", "bin", "folder with gpufence, spank_gpufence.so and spank_gpufence_go.so (make build)")
@@ -200,9 +225,15 @@ func run(ctx context.Context, o options) (err error) {
 			return fmt.Errorf("%w: run make build first", err)
 		}
 	}
+	var vs []variant
+	for _, v := range variants {
+		if v != vNoop || o.noop {
+			vs = append(vs, v)
+		}
+	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	rep := &report{Started: time.Now(), CPUs: runtime.NumCPU(), Load: strings.TrimSpace(string(load)),
-		Variants: variants, Rounds: o.rounds, Runs: o.runs, Warmup: o.warmup, Bursts: o.bursts, BurstSize: o.burst}
+		Variants: vs, Rounds: o.rounds, Runs: o.runs, Warmup: o.warmup, Bursts: o.bursts, BurstSize: o.burst}
 	defer func() {
 		if len(rep.Samples) == 0 {
 			return
@@ -250,9 +281,14 @@ func run(ctx context.Context, o options) (err error) {
 		bpffs:     filepath.Join(c.Root(), "bpffs"),
 		plugstack: []string{fmt.Sprintf("required %s socket=%s", plugin, filepath.Join(c.Root(), "run/agent.sock"))}}
 	defer func() { err = errors.Join(err, b.stopAgent()) }()
+	if o.noop {
+		if b.noopPlugin, err = buildNoop(c.Root()); err != nil {
+			return err
+		}
+	}
 	// The cluster starts as "none": an empty plugstack.conf, no constraint.
 	for round := range o.rounds {
-		for _, v := range variants {
+		for _, v := range vs {
 			if err := b.round(ctx, round, v); err != nil {
 				if ctx.Err() != nil {
 					return fmt.Errorf("interrupted in round %d (%s)", round, v.Name)
@@ -269,7 +305,8 @@ func run(ctx context.Context, o options) (err error) {
 		rep.Host, rep.CPUs, rep.Load, rep.Slurm, o.rounds, o.runs, o.warmup, o.bursts, o.burst, time.Since(rep.Started).Round(time.Second))
 	printTable(os.Stdout, rep.Summaries, rep.Ratios)
 	fmt.Println()
-	printAgent(os.Stdout, rep.Agent)
+	sched, nb := burstSched(rep.AgentHists)
+	printAgent(os.Stdout, rep.Agent, sched, nb)
 	fmt.Println()
 	printTargets(os.Stdout, rep.Targets)
 	fmt.Printf("\nJSON: %s\n", o.out)
@@ -283,6 +320,7 @@ type bench struct {
 	agentBin    string
 	sock, bpffs string
 	plugstack   []string
+	noopPlugin  string
 	agent       *cluster.Process
 	metricsURL  string
 	mounted     bool
@@ -393,6 +431,9 @@ func (b *bench) configure(ctx context.Context, v variant) error {
 		}
 		lines = b.plugstack
 	}
+	if v.Noop {
+		lines = []string{"required " + b.noopPlugin}
+	}
 	if err := b.c.WritePlugstack(lines); err != nil {
 		return err
 	}
@@ -455,10 +496,12 @@ func (b *bench) round(ctx context.Context, round int, v variant) (err error) {
 	}
 	hs := roundHistos{Round: round, Burst: map[string]histogram{}}
 	var hb map[string]histogram
+	var sb schedStat
 	if v.Gpufence {
 		if hb, err = b.scrape(ctx); err != nil {
 			return err
 		}
+		sb = readSchedStat(b.agent.PID)
 	}
 	for range b.o.bursts {
 		s, err := b.burst(ctx, alloc, v)
@@ -475,6 +518,9 @@ func (b *bench) round(ctx context.Context, round int, v variant) (err error) {
 			}
 			addHistos(hs.Burst, subHistos(ha, hb))
 			hb = ha
+			sa := readSchedStat(b.agent.PID)
+			hs.BurstSched = hs.BurstSched.add(sa.sub(sb))
+			sb = sa
 		}
 	}
 	// A benchmark of gpufence that never reached gpufence would be a lie:
@@ -613,6 +659,22 @@ func (b *bench) countApplied() int {
 		return 0
 	}
 	return strings.Count(string(data), "step policy applied")
+}
+
+// buildNoop compiles noopPlugin into the cluster's folder.
+func buildNoop(root string) (string, error) {
+	dir := filepath.Join(root, "noop")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	src, so := filepath.Join(dir, "spank_noop.c"), filepath.Join(dir, "spank_noop.so")
+	if err := os.WriteFile(src, []byte(noopPlugin), 0o644); err != nil {
+		return "", err
+	}
+	if out, err := exec.Command("cc", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", so, src).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build the spank-noop plugin: %v\n%s", err, out)
+	}
+	return so, nil
 }
 
 func freeAddr() (string, error) {

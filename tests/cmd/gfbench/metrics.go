@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -233,10 +235,72 @@ func agentRows(rounds []roundHistos) []agentRow {
 	return rows
 }
 
-func printAgent(w io.Writer, rows []agentRow) {
+func printAgent(w io.Writer, rows []agentRow, sched schedStat, bursts int) {
 	fmt.Fprintf(w, "agent %s, gpufence rounds (from its histogram buckets)\n", requestDurationMetric)
 	fmt.Fprintf(w, "%-12s %-14s %6s %9s %9s %9s %10s\n", "type", "during", "count", "p50 ms", "p99 ms", "mean ms", "<= 1 ms")
 	for _, r := range rows {
 		fmt.Fprintf(w, "%-12s %-14s %6d %9.3f %9.3f %9.3f %9.1f%%\n", r.Type, r.During, r.Count, r.P50*1000, r.P99*1000, r.Mean*1000, r.Within1ms*100)
 	}
+	for _, r := range rows {
+		if r.Type == metricStepSrt && r.During == duringBurst && bursts > 0 {
+			fmt.Fprintf(w, "during the bursts the agent's threads ran %.1f ms and waited %.1f ms for a CPU (schedstat), its handlers took %.1f ms in all (histogram sum)\n",
+				sched.RunMs, sched.WaitMs, r.Mean*float64(r.Count)*1000)
+		}
+	}
+}
+
+// schedStat is what the kernel counted for a process's threads
+// (/proc/<pid>/task/*/schedstat): time on a CPU, and time runnable but
+// waiting for one. A thread that exits between two reads is lost; the
+// agent's Go threads live as long as it does.
+type schedStat struct {
+	RunMs  float64 `json:"on_cpu_ms"`
+	WaitMs float64 `json:"runqueue_wait_ms"`
+}
+
+// readSchedStat sums the schedstat of pid's threads; a zero schedStat if
+// it cannot be read (a kernel without CONFIG_SCHEDSTATS).
+func readSchedStat(pid int) schedStat {
+	var s schedStat
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if d, ok := parseSchedStat(string(data)); ok {
+			s = s.add(d)
+		}
+	}
+	return s
+}
+
+// parseSchedStat reads one schedstat line: "<on-cpu ns> <wait ns> <slices>".
+func parseSchedStat(line string) (schedStat, bool) {
+	f := strings.Fields(line)
+	if len(f) != 3 {
+		return schedStat{}, false
+	}
+	run, err1 := strconv.ParseUint(f[0], 10, 64)
+	wait, err2 := strconv.ParseUint(f[1], 10, 64)
+	if err1 != nil || err2 != nil {
+		return schedStat{}, false
+	}
+	return schedStat{RunMs: float64(run) / 1e6, WaitMs: float64(wait) / 1e6}, true
+}
+
+func (a schedStat) add(b schedStat) schedStat {
+	return schedStat{RunMs: a.RunMs + b.RunMs, WaitMs: a.WaitMs + b.WaitMs}
+}
+
+func (a schedStat) sub(b schedStat) schedStat {
+	return schedStat{RunMs: a.RunMs - b.RunMs, WaitMs: a.WaitMs - b.WaitMs}
+}
+
+// burstSched sums the agent's schedstat over the gpufence rounds' bursts.
+func burstSched(rounds []roundHistos) (s schedStat, bursts int) {
+	for _, r := range rounds {
+		s = s.add(r.BurstSched)
+	}
+	return s, len(rounds)
 }

@@ -4,6 +4,7 @@ package main
 
 import (
 	"math"
+	"os"
 	"strings"
 	"testing"
 )
@@ -116,5 +117,25 @@ func TestAgentRows(t *testing.T) {
 	}
 	if rows[0].Count != 4 || rows[0].Within1ms != 0.75 || math.Abs(rows[0].Mean-0.00075) > 1e-12 {
 		t.Errorf("row = %+v", rows[0])
+	}
+}
+
+func TestParseSchedStat(t *testing.T) {
+	s, ok := parseSchedStat("622115 154086 3\n")
+	if !ok || math.Abs(s.RunMs-0.622115) > 1e-9 || math.Abs(s.WaitMs-0.154086) > 1e-9 {
+		t.Errorf("parseSchedStat = %+v, %v", s, ok)
+	}
+	for _, bad := range []string{"", "1 2", "1 x 3", "1 2 3 4"} {
+		if _, ok := parseSchedStat(bad); ok {
+			t.Errorf("parseSchedStat(%q) accepted", bad)
+		}
+	}
+	d := schedStat{RunMs: 5, WaitMs: 7}.sub(schedStat{RunMs: 2, WaitMs: 3}).add(schedStat{RunMs: 1, WaitMs: 1})
+	if d != (schedStat{RunMs: 4, WaitMs: 5}) {
+		t.Errorf("sub/add = %+v", d)
+	}
+	// This process's own threads: it has run.
+	if own := readSchedStat(os.Getpid()); own.RunMs <= 0 {
+		t.Errorf("readSchedStat(self) = %+v", own)
 	}
 }

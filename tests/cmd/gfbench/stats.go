@@ -74,12 +74,15 @@ func summarize(shape, variant string, ss []sample) summary {
 	return sum
 }
 
-// summarizeAll summarises every shape in every variant, in table order.
+// summarizeAll summarises every shape in every variant the samples have,
+// in table order.
 func summarizeAll(ss []sample) []summary {
 	var out []summary
 	for _, sh := range shapes {
 		for _, v := range variants {
-			out = append(out, summarize(sh, v.Name, ss))
+			if slices.ContainsFunc(ss, func(s sample) bool { return s.Variant == v.Name }) {
+				out = append(out, summarize(sh, v.Name, ss))
+			}
 		}
 	}
 	return out
@@ -110,7 +113,10 @@ func ratios(sums []summary) []ratio {
 	var rs []ratio
 	for _, sh := range shapes {
 		none, con := find(sums, sh, vNone.Name), find(sums, sh, vConstrain.Name)
-		for _, v := range []variant{vConstrain, vGpufence} {
+		for _, v := range variants {
+			if v == vNone || (v == vNoop && !slices.ContainsFunc(sums, func(s summary) bool { return s.Variant == v.Name })) {
+				continue
+			}
 			s := find(sums, sh, v.Name)
 			rs = append(rs, ratio{
 				Shape: sh, Variant: v.Name,

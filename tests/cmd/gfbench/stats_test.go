@@ -4,6 +4,7 @@ package main
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -129,5 +130,36 @@ func TestWaitedForResources(t *testing.T) {
 		if got := waitedForResources(tt.stderr); got != tt.want {
 			t.Errorf("waitedForResources(%q) = %v, want %v", tt.stderr, got, tt.want)
 		}
+	}
+}
+
+// The spank-noop variant is in the summary and the ratios only when the
+// run measured it.
+func TestNoopVariantOnlyWhenMeasured(t *testing.T) {
+	ss := []sample{
+		{Variant: "none", Shape: shNewJob, Ms: 100},
+		{Variant: "constrain", Shape: shNewJob, Ms: 101},
+		{Variant: "gpufence", Shape: shNewJob, Ms: 110},
+	}
+	has := func(sums []summary, rs []ratio) (bool, bool) {
+		return slices.ContainsFunc(sums, func(s summary) bool { return s.Variant == vNoop.Name }),
+			slices.ContainsFunc(rs, func(r ratio) bool { return r.Variant == vNoop.Name })
+	}
+	sums := summarizeAll(ss)
+	if s, r := has(sums, ratios(sums)); s || r {
+		t.Errorf("spank-noop not measured but in the summary (%v) or ratios (%v)", s, r)
+	}
+	ss = append(ss, sample{Variant: "spank-noop", Shape: shNewJob, Ms: 108})
+	sums = summarizeAll(ss)
+	rs := ratios(sums)
+	if s, r := has(sums, rs); !s || !r {
+		t.Fatalf("spank-noop measured but missing from the summary (%v) or ratios (%v)", s, r)
+	}
+	r, _ := findRatio(rs, shNewJob, vNoop.Name)
+	if r.MedianDelta != 8 || r.DeltaVsConstrain != 7 {
+		t.Errorf("spank-noop new-job ratio = %+v", r)
+	}
+	if len(sums) != len(shapes)*4 {
+		t.Errorf("%d summaries, want %d (every shape, 4 variants)", len(sums), len(shapes)*4)
 	}
 }
