@@ -147,6 +147,8 @@ type report struct {
 	Host       string        `json:"host"`
 	CPUs       int           `json:"cpus"`
 	Load       string        `json:"loadavg_at_start"`
+	LoadEnd    string        `json:"loadavg_at_end"`
+	RoundInfo  []roundInfo   `json:"rounds"`
 	Slurm      string        `json:"slurm"`
 	Variants   []variant     `json:"variants"`
 	Rounds     int           `json:"rounds_per_variant"`
@@ -164,6 +166,24 @@ type report struct {
 	AgentHists []roundHistos `json:"agent_histograms,omitempty"`
 }
 
+// roundInfo is one round of one variant: when, how long, and how busy the
+// machine was (1-minute load average; the benchmark itself adds about 1).
+type roundInfo struct {
+	Round     int       `json:"round"`
+	Variant   string    `json:"variant"`
+	At        time.Time `json:"at"`
+	Seconds   float64   `json:"seconds"`
+	LoadStart float64   `json:"load1_start"`
+	LoadEnd   float64   `json:"load1_end"`
+}
+
+func load1() float64 {
+	data, _ := os.ReadFile("/proc/loadavg")
+	var l float64
+	fmt.Sscan(string(data), &l)
+	return l
+}
+
 // roundHistos is what one gpufence round's agent counted: its one-at-a-time
 // requests and those during the bursts, per request type.
 type roundHistos struct {
@@ -176,10 +196,10 @@ type roundHistos struct {
 
 func main() {
 	var o options
-	flag.IntVar(&o.rounds, "rounds", 4, "rounds per variant (none, constrain, gpufence take turns; a slurmd restart each)")
-	flag.IntVar(&o.runs, "runs", 10, "timed runs per single shape (new-job, step-in-alloc) per round")
+	flag.IntVar(&o.rounds, "rounds", 10, "rounds per variant (none, constrain, gpufence take turns; a slurmd restart each)")
+	flag.IntVar(&o.runs, "runs", 4, "timed runs per single shape (new-job, step-in-alloc) per round")
 	flag.IntVar(&o.warmup, "warmup", 1, "untimed runs per single shape after each slurmd restart")
-	flag.IntVar(&o.bursts, "bursts", 2, "bursts per round")
+	flag.IntVar(&o.bursts, "bursts", 1, "bursts per round")
 	flag.IntVar(&o.burst, "burst", 50, "concurrent srun --overlap steps per burst")
 	flag.BoolVar(&o.noop, "noop", false, "add the spank-noop variant: a SPANK plugin whose callbacks do nothing (what Slurm spends on a prolog/epilog plugin at all)")
 	flag.BoolVar(&o.quick, "quick", false, "check that it works: 1 round per variant, 3 runs per shape, 1 burst")
@@ -289,7 +309,11 @@ func run(ctx context.Context, o options) (err error) {
 	// The cluster starts as "none": an empty plugstack.conf, no constraint.
 	for round := range o.rounds {
 		for _, v := range vs {
-			if err := b.round(ctx, round, v); err != nil {
+			ri := roundInfo{Round: round, Variant: v.Name, At: time.Now(), LoadStart: load1()}
+			err := b.round(ctx, round, v)
+			ri.Seconds, ri.LoadEnd = time.Since(ri.At).Seconds(), load1()
+			rep.RoundInfo = append(rep.RoundInfo, ri)
+			if err != nil {
 				if ctx.Err() != nil {
 					return fmt.Errorf("interrupted in round %d (%s)", round, v.Name)
 				}
@@ -298,11 +322,17 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}
 	rep.Summaries = summarizeAll(rep.Samples)
-	rep.Ratios = ratios(rep.Summaries)
+	rep.Ratios = addPaired(ratios(rep.Summaries), rep.Samples)
+	endLoad, _ := os.ReadFile("/proc/loadavg")
+	rep.LoadEnd = strings.TrimSpace(string(endLoad))
 	rep.Agent = agentRows(rep.AgentHists)
 	rep.Targets = checkTargets(rep.Ratios, rep.Agent)
-	fmt.Printf("gfbench on %s (%d CPUs, load %s at start, %s): %d rounds per variant, %d runs per shape per round, %d warm-up, %d bursts of %d per round; %s\n\n",
-		rep.Host, rep.CPUs, rep.Load, rep.Slurm, o.rounds, o.runs, o.warmup, o.bursts, o.burst, time.Since(rep.Started).Round(time.Second))
+	fmt.Printf("gfbench on %s (%d CPUs, load %s at start, %s at end, %s): %d rounds per variant, %d runs per shape per round, %d warm-up, %d bursts of %d per round; %s\n",
+		rep.Host, rep.CPUs, rep.Load, rep.LoadEnd, rep.Slurm, o.rounds, o.runs, o.warmup, o.bursts, o.burst, time.Since(rep.Started).Round(time.Second))
+	if busy := maxLoad(rep.RoundInfo); busy > float64(rep.CPUs) {
+		fmt.Printf("WARNING: the machine was busy with other work (1-minute load up to %.1f on %d CPUs): these figures are not those of a quiet node; the paired column is the more robust\n", busy, rep.CPUs)
+	}
+	fmt.Println()
 	printTable(os.Stdout, rep.Summaries, rep.Ratios)
 	fmt.Println()
 	sched, nb := burstSched(rep.AgentHists)

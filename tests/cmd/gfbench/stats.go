@@ -98,6 +98,50 @@ type ratio struct {
 	MedianDelta float64 `json:"median_delta_ms"`
 	// Against ConstrainDevices=yes in the same run.
 	DeltaVsConstrain float64 `json:"median_delta_vs_constrain_ms"`
+	// PairedRatio is the median over rounds of this variant's round median
+	// over none's round median in the same round index (minutes apart at
+	// most): less moved by load that other work puts on the machine for a
+	// while. PairedRounds is how many rounds had both.
+	PairedRatio  float64 `json:"paired_median_ratio"`
+	PairedRounds int     `json:"paired_rounds"`
+}
+
+// addPaired fills the paired ratios from the samples.
+func addPaired(rs []ratio, ss []sample) []ratio {
+	for i := range rs {
+		rs[i].PairedRatio, rs[i].PairedRounds = pairedRatio(ss, rs[i].Shape, rs[i].Variant)
+	}
+	return rs
+}
+
+func pairedRatio(ss []sample, shape, variant string) (float64, int) {
+	byRound := func(v string) map[int][]sample {
+		m := map[int][]sample{}
+		for _, s := range ss {
+			if s.Variant == v {
+				m[s.Round] = append(m[s.Round], s)
+			}
+		}
+		return m
+	}
+	mine, none := byRound(variant), byRound(vNone.Name)
+	var rs []float64
+	for round, m := range mine {
+		a, _ := values(shape, variant, m)
+		b, _ := values(shape, vNone.Name, none[round])
+		if len(a) > 0 && len(b) > 0 {
+			rs = append(rs, quantile(a, 0.5)/quantile(b, 0.5))
+		}
+	}
+	return quantile(rs, 0.5), len(rs)
+}
+
+func maxLoad(rs []roundInfo) float64 {
+	m := 0.0
+	for _, r := range rs {
+		m = max(m, r.LoadStart, r.LoadEnd)
+	}
+	return m
 }
 
 func find(sums []summary, shape, variant string) summary {
@@ -138,22 +182,24 @@ func findRatio(rs []ratio, shape, variant string) (ratio, bool) {
 }
 
 func printTable(w io.Writer, sums []summary, rs []ratio) {
-	fmt.Fprintf(w, "%-14s %-10s %4s %10s %9s %9s %9s %6s %8s %9s %12s\n",
-		"shape", "variant", "N", "median ms", "p90 ms", "min ms", "max ms", "queued", "x none", "+ms none", "+ms constr.")
+	fmt.Fprintf(w, "%-14s %-10s %4s %10s %9s %9s %9s %6s %8s %9s %12s %9s\n",
+		"shape", "variant", "N", "median ms", "p90 ms", "min ms", "max ms", "queued", "x none", "+ms none", "+ms constr.", "x paired")
 	for _, s := range sums {
-		ratioCol, deltaCol, conCol := "", "", ""
+		ratioCol, deltaCol, conCol, pairCol := "", "", "", ""
 		if r, ok := findRatio(rs, s.Shape, s.Variant); ok {
 			ratioCol = fmt.Sprintf("%.3f", r.MedianRatio)
+			pairCol = fmt.Sprintf("%.3f", r.PairedRatio)
 			deltaCol = fmt.Sprintf("%+.1f", r.MedianDelta)
 			if s.Variant != vConstrain.Name {
 				conCol = fmt.Sprintf("%+.1f", r.DeltaVsConstrain)
 			}
 		}
-		fmt.Fprintf(w, "%-14s %-10s %4d %10.1f %9.1f %9.1f %9.1f %6d %8s %9s %12s\n",
-			s.Shape, s.Variant, s.N, s.Median, s.P90, s.Min, s.Max, s.Queued, ratioCol, deltaCol, conCol)
+		fmt.Fprintf(w, "%-14s %-10s %4d %10.1f %9.1f %9.1f %9.1f %6d %8s %9s %12s %9s\n",
+			s.Shape, s.Variant, s.N, s.Median, s.P90, s.Min, s.Max, s.Queued, ratioCol, deltaCol, conCol, pairCol)
 	}
 	fmt.Fprintln(w, "(x none, +ms: the median against \"none\" and \"constrain\" of the same run. settle-*: from srun's exit until")
-	fmt.Fprintln(w, " squeue no longer lists the job / step, not part of its latency. burst: until the last of the concurrent sruns exited.)")
+	fmt.Fprintln(w, " squeue no longer lists the job / step, not part of its latency. burst: until the last of the concurrent sruns exited.")
+	fmt.Fprintln(w, " x paired: the median over rounds of the round's median against none's in the same round.)")
 }
 
 // target is one of issue 12's targets, checked against this run.

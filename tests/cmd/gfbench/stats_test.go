@@ -163,3 +163,33 @@ func TestNoopVariantOnlyWhenMeasured(t *testing.T) {
 		t.Errorf("%d summaries, want %d (every shape, 4 variants)", len(sums), len(shapes)*4)
 	}
 }
+
+// The paired ratio compares each round with none's round of the same
+// index, so a slow round (other work on the machine) moves it less than
+// the pooled median.
+func TestPairedRatio(t *testing.T) {
+	var ss []sample
+	add := func(v string, round int, ms ...float64) {
+		for _, m := range ms {
+			ss = append(ss, sample{Variant: v, Shape: shStep, Round: round, Ms: m})
+		}
+	}
+	add("none", 0, 100, 100)
+	add("gpufence", 0, 110, 110) // 1.1
+	add("none", 1, 300, 300)     // a busy minute
+	add("gpufence", 1, 330, 330) // 1.1
+	add("none", 2, 100)
+	add("gpufence", 2, 120) // 1.2
+	add("gpufence", 3, 999) // no none in round 3: not paired
+	ss = append(ss, sample{Variant: "gpufence", Shape: shStep, Round: 0, Ms: 5000, Warmup: true})
+	got, n := pairedRatio(ss, shStep, "gpufence")
+	if n != 3 || math.Abs(got-1.1) > 1e-9 {
+		t.Errorf("pairedRatio = %v over %d rounds, want 1.1 over 3", got, n)
+	}
+	if _, n := pairedRatio(ss, shNewJob, "gpufence"); n != 0 {
+		t.Errorf("pairedRatio of an unmeasured shape over %d rounds", n)
+	}
+	if m := maxLoad([]roundInfo{{LoadStart: 1, LoadEnd: 3.5}, {LoadStart: 2}}); m != 3.5 {
+		t.Errorf("maxLoad = %v", m)
+	}
+}
