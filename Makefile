@@ -133,8 +133,10 @@ demo: build ## local Slurm with 4 fake GPUs showing isolation and the denial log
 # concurrent steps, and the agent's own latency per request type. The table
 # goes to stdout, everything (samples, summary, targets) to BENCH_OUT.
 # About 10 minutes; BENCH_FLAGS=-quick checks that it works in about 2.
-# BENCH_FLAGS: flags of tests/cmd/gfbench, e.g. BENCH_FLAGS='-rounds 6 -runs 12
-# -bursts 3' (go run ./tests/cmd/gfbench -h lists them).
+# BENCH_FLAGS: flags of tests/cmd/gfbench, e.g. BENCH_FLAGS=-noop adds a
+# SPANK plugin that does nothing as a fourth variant (what Slurm spends on
+# any prolog/epilog plugin), BENCH_FLAGS='-rounds 12 -runs 6'
+# (go run ./tests/cmd/gfbench -h lists them).
 BENCH_FLAGS ?=
 BENCH_OUT ?= build/bench.json
 
