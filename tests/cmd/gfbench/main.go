@@ -29,7 +29,9 @@
 // type from its histogram gpufence_request_duration_seconds (/metrics):
 // over the one-at-a-time runs, and StepStart while the bursts run; and from
 // the kernel's schedstat, how long the agent's threads ran and how long they
-// waited for a CPU while the bursts ran.
+// waited for a CPU while the bursts ran. At the end, with the cluster idle,
+// it times the Go client's calls on their own (clientcost.go): fork, the Go
+// runtime's start, one exchange with a stand-in agent.
 //
 //	gfbench [-rounds N] [-runs N] [-bursts N] [-burst N] [-warmup N] [-noop] [-quick] [-out FILE] [-bin DIR] [-keep]
 //
@@ -163,6 +165,7 @@ type report struct {
 	Ratios     []ratio       `json:"ratios,omitempty"`
 	Agent      []agentRow    `json:"agent_latency,omitempty"`
 	Targets    []target      `json:"targets,omitempty"`
+	ClientCost []clientCost  `json:"client_cost,omitempty"`
 	AgentHists []roundHistos `json:"agent_histograms,omitempty"`
 }
 
@@ -321,6 +324,19 @@ func run(ctx context.Context, o options) (err error) {
 			}
 		}
 	}
+	// The client's own cost, with the cluster idle: what each exchange
+	// costs slurmstepd or the prolog process before the agent's share.
+	dir := filepath.Join(c.Root(), "clientcost")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	n := 200
+	if o.quick {
+		n = 50
+	}
+	if rep.ClientCost, err = measureClientCost(dir, filepath.Join(bin, "spank_gpufence_go.so"), n); err != nil {
+		return err
+	}
 	rep.Summaries = summarizeAll(rep.Samples)
 	rep.Ratios = addPaired(ratios(rep.Summaries), rep.Samples)
 	endLoad, _ := os.ReadFile("/proc/loadavg")
@@ -337,6 +353,8 @@ func run(ctx context.Context, o options) (err error) {
 	fmt.Println()
 	sched, nb := burstSched(rep.AgentHists)
 	printAgent(os.Stdout, rep.Agent, sched, nb)
+	fmt.Println()
+	printClientCost(os.Stdout, rep.ClientCost)
 	fmt.Println()
 	printTargets(os.Stdout, rep.Targets)
 	fmt.Printf("\nJSON: %s\n", o.out)
