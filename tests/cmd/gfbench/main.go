@@ -195,6 +195,9 @@ type roundHistos struct {
 	Burst      map[string]histogram `json:"burst"`
 	// BurstSched is the agent's threads' schedstat summed over the bursts.
 	BurstSched schedStat `json:"burst_schedstat"`
+	// RoundSched is the same over the whole round: every request and
+	// everything the agent does meanwhile (audit, persistence, reconcile).
+	RoundSched schedStat `json:"round_schedstat"`
 }
 
 func main() {
@@ -351,8 +354,7 @@ func run(ctx context.Context, o options) (err error) {
 	fmt.Println()
 	printTable(os.Stdout, rep.Summaries, rep.Ratios)
 	fmt.Println()
-	sched, nb := burstSched(rep.AgentHists)
-	printAgent(os.Stdout, rep.Agent, sched, nb)
+	printAgent(os.Stdout, rep.Agent, sumAgentCPU(rep.AgentHists))
 	fmt.Println()
 	printClientCost(os.Stdout, rep.ClientCost)
 	fmt.Println()
@@ -502,10 +504,12 @@ func (b *bench) round(ctx context.Context, round int, v variant) (err error) {
 		return err
 	}
 	var h0 map[string]histogram
+	var s0 schedStat
 	if v.Gpufence {
 		if h0, err = b.scrape(ctx); err != nil {
 			return err
 		}
+		s0 = readSchedStat(b.agent.PID)
 	}
 	applied := b.countApplied()
 	r := b.c.Run(ctx, cluster.TestUser, "salloc", "--no-shell", "-n1", "--gres=gpu:1", "-J", "gfbench-alloc")
@@ -582,6 +586,7 @@ func (b *bench) round(ctx context.Context, round int, v variant) (err error) {
 		if err != nil {
 			return err
 		}
+		hs.RoundSched = readSchedStat(b.agent.PID).sub(s0)
 		hs.Sequential = subHistos(subHistos(h1, h0), hs.Burst)
 		b.rep.AgentHists = append(b.rep.AgentHists, hs)
 	}

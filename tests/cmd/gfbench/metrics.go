@@ -235,17 +235,21 @@ func agentRows(rounds []roundHistos) []agentRow {
 	return rows
 }
 
-func printAgent(w io.Writer, rows []agentRow, sched schedStat, bursts int) {
+func printAgent(w io.Writer, rows []agentRow, cpu agentCPU) {
 	fmt.Fprintf(w, "agent %s, gpufence rounds (from its histogram buckets)\n", requestDurationMetric)
 	fmt.Fprintf(w, "%-12s %-14s %6s %9s %9s %9s %10s\n", "type", "during", "count", "p50 ms", "p99 ms", "mean ms", "<= 1 ms")
 	for _, r := range rows {
 		fmt.Fprintf(w, "%-12s %-14s %6d %9.3f %9.3f %9.3f %9.1f%%\n", r.Type, r.During, r.Count, r.P50*1000, r.P99*1000, r.Mean*1000, r.Within1ms*100)
 	}
 	for _, r := range rows {
-		if r.Type == metricStepSrt && r.During == duringBurst && bursts > 0 {
+		if r.Type == metricStepSrt && r.During == duringBurst && cpu.N > 0 {
 			fmt.Fprintf(w, "during the bursts the agent's threads ran %.1f ms and waited %.1f ms for a CPU (schedstat), its handlers took %.1f ms in all (histogram sum)\n",
-				sched.RunMs, sched.WaitMs, r.Mean*float64(r.Count)*1000)
+				cpu.Burst.RunMs, cpu.Burst.WaitMs, r.Mean*float64(r.Count)*1000)
 		}
+	}
+	if cpu.Requests > 0 {
+		fmt.Fprintf(w, "over the %d gpufence rounds the agent's threads ran %.1f ms for %d requests: %.2f ms of CPU per request, all it does meanwhile included\n",
+			cpu.N, cpu.Rounds.RunMs, cpu.Requests, cpu.Rounds.RunMs/float64(cpu.Requests))
 	}
 }
 
@@ -297,10 +301,25 @@ func (a schedStat) sub(b schedStat) schedStat {
 	return schedStat{RunMs: a.RunMs - b.RunMs, WaitMs: a.WaitMs - b.WaitMs}
 }
 
-// burstSched sums the agent's schedstat over the gpufence rounds' bursts.
-func burstSched(rounds []roundHistos) (s schedStat, bursts int) {
+// agentCPU sums the agent's schedstat over the gpufence rounds, for the
+// bursts and for the whole rounds, and counts the requests of the rounds.
+type agentCPU struct {
+	Burst, Rounds schedStat
+	Requests      uint64
+	N             int // rounds
+}
+
+func sumAgentCPU(rounds []roundHistos) agentCPU {
+	var a agentCPU
 	for _, r := range rounds {
-		s = s.add(r.BurstSched)
+		a.Burst = a.Burst.add(r.BurstSched)
+		a.Rounds = a.Rounds.add(r.RoundSched)
+		for _, hs := range []map[string]histogram{r.Sequential, r.Burst} {
+			for _, h := range hs {
+				a.Requests += h.Count
+			}
+		}
+		a.N++
 	}
-	return s, len(rounds)
+	return a
 }

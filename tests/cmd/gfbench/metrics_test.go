@@ -139,3 +139,16 @@ func TestParseSchedStat(t *testing.T) {
 		t.Errorf("readSchedStat(self) = %+v", own)
 	}
 }
+
+func TestSumAgentCPU(t *testing.T) {
+	a, _ := parseHistograms(scrape1, requestDurationMetric)
+	b, _ := parseHistograms(scrape2, requestDurationMetric)
+	got := sumAgentCPU([]roundHistos{
+		{Sequential: a, Burst: b, BurstSched: schedStat{RunMs: 1, WaitMs: 2}, RoundSched: schedStat{RunMs: 10, WaitMs: 20}},
+		{Sequential: a, BurstSched: schedStat{RunMs: 3}, RoundSched: schedStat{RunMs: 5}},
+	})
+	// Requests: 4 step_start (+0 job_prolog) per scrape1, 104 in scrape2.
+	if got.N != 2 || got.Requests != 4+104+4 || got.Burst != (schedStat{RunMs: 4, WaitMs: 2}) || got.Rounds != (schedStat{RunMs: 15, WaitMs: 20}) {
+		t.Errorf("sumAgentCPU = %+v", got)
+	}
+}
