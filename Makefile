@@ -65,9 +65,21 @@ test: ## unit tests (-short: no Slurm cluster); as root the kernel tests run too
 test-privileged: ## tests against the real kernel: BPF filter, cgroups, socket credentials (root)
 	$(GO) test -count=1 -run Privileged ./agent/... ./bpf/... ./proto/... ./spank/...
 
+# The Slurm release the end-to-end tests run against (tests/slurmrel): empty
+# is this machine's Debian 22.05; 25.11, 26.05+jobidpaths, 25.11+slice,
+# 23.11+pcluster, ... run that release's own daemons (a source build, once
+# per machine, or a Debian root). The tests read it as GPUFENCE_SLURM.
+SLURM ?=
+# What `make e2e-matrix` runs.
+MATRIX ?= 22.05 23.11 24.05 24.11 25.11 25.11+slice 26.05 26.05+jobidpaths 23.11+pcluster 24.05+pcluster 25.11+pcluster
+
 .PHONY: e2e
-e2e: build ## end-to-end tests against a real Slurm 22.05 on this machine (root; installs Slurm when missing)
-	$(GO) test -count=1 -timeout 25m ./tests/...
+e2e: build ## end-to-end tests against a real Slurm on this machine, 22.05 or SLURM=25.11 (root; installs/builds Slurm when missing)
+	GPUFENCE_SLURM='$(SLURM)' $(GO) test -count=1 -timeout 40m $(if $(SLURM),./tests/cluster ./tests/e2e,./tests/...)
+
+.PHONY: e2e-matrix
+e2e-matrix: build ## the e2e suite on every release in MATRIX; prints release x scenario, writes build/e2e-matrix.json (root; an hour)
+	$(GO) run ./tests/cmd/gfmatrix -out build/e2e-matrix.json $(MATRIX)
 
 # Fuzzing: every `func FuzzXxx(f *testing.F)` in the module's tests is found
 # and run for FUZZTIME (Go's -fuzztime: 30s, or 10000x executions); FUZZ
@@ -91,9 +103,15 @@ fuzz: ## run every Fuzz target in the tree for FUZZTIME each (default 10s; FUZZ=
 			echo "$$name" | grep -Eqx -- '($(FUZZ))' || continue; \
 			flags=; case "$$cgo" in *" $$dir "*) flags=-asan;; esac; \
 			pkg=./$${dir#$(CURDIR)/}; n=$$((n+1)); \
-			log=$$(mktemp); \
-			if $(GO) test $$flags -run '^$$' -fuzz "^$$name\$$" -fuzztime '$(FUZZTIME)' -fuzzminimizetime '$(FUZZMINIMIZETIME)' "$$pkg" >"$$log" 2>&1; then \
-				printf '%-28s %-22s %s\n' "$$pkg" "$$name" "$$(grep -o 'execs: [0-9]*' "$$log" | tail -1)"; \
+			log=$$(mktemp); note=; \
+			fuzz1() { $(GO) test $$flags -run '^$$' -fuzz "^$$name\$$" -fuzztime '$(FUZZTIME)' -fuzzminimizetime '$(FUZZMINIMIZETIME)' "$$pkg" >"$$log" 2>&1; }; \
+			fuzz1; rc=$$?; \
+			if [ $$rc -ne 0 ] && grep -q 'context deadline exceeded' "$$log" && ! grep -Eq 'Failing input written|panic:|_test.go:[0-9]+:' "$$log"; then \
+				note=" (retried once: Go's fuzz coordinator reported its own -fuzztime deadline, golang/go#75804, fixed in Go 1.27; no failing input)"; \
+				fuzz1; rc=$$?; \
+			fi; \
+			if [ $$rc -eq 0 ]; then \
+				printf '%-28s %-22s %s%s\n' "$$pkg" "$$name" "$$(grep -o 'execs: [0-9]*' "$$log" | tail -1)" "$$note"; \
 			else \
 				cat "$$log"; echo "FAIL $$pkg $$name" >&2; failed=$$((failed+1)); \
 			fi; \
@@ -145,16 +163,21 @@ bench: build ## launch cost of none / ConstrainDevices=yes / gpufence side by si
 	$(GO) run ./tests/cmd/gfbench -bin $(BIN) -out $(BENCH_OUT) $(BENCH_FLAGS)
 
 # Packages (docs/packaging.md). The SPANK entry is built once per Slurm
-# major.minor found in SLURM_HEADER_DIRS: the host's headers and those of the
-# Debian suites in SLURM_HEADER_SUITES, fetched once into SLURM_HEADER_CACHE.
-# Add others, e.g. ParallelCluster's:
-#   make package SLURM_HEADER_DIRS='/usr/include build/slurm-headers/*/include /opt/slurm/include'
+# release listed in packaging/slurm-releases (one line each), against that
+# release's own headers: Debian's libslurm-dev where Debian has the release,
+# else the release's source tarball in SLURM_SRC_DIR (checked against its
+# SHA256SUMS), fetched or unpacked once into SLURM_HEADER_CACHE.
+# SLURM_RELEASES='22.05 24.11' builds some only; SLURM_HEADER_DIRS replaces
+# the list with header folders of your own; SLURM_EXTRA_HEADER_DIRS adds
+# some, e.g. ParallelCluster's:
+#   make package SLURM_EXTRA_HEADER_DIRS=/opt/slurm/include
 NFPM ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 DIST ?= dist
 PKG_BUILD := build/pkg
-SLURM_HEADER_SUITES ?= trixie sid
 SLURM_HEADER_CACHE ?= build/slurm-headers
-SLURM_HEADER_DIRS ?= $(SLURM_INCLUDE) $(SLURM_HEADER_CACHE)/*/include
+SLURM_HEADER_DIRS ?=
+SLURM_EXTRA_HEADER_DIRS ?=
+export SLURM_RELEASES SLURM_SRC_DIR
 # Reproducible builds: file times in the packages are the last commit's.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 PKG_VERSION ?= $(shell packaging/pkg-version.sh '$(VERSION)' '$(SOURCE_DATE_EPOCH)')
@@ -165,17 +188,21 @@ PKG_CFLAGS := $(SPANK_CFLAGS) -ffile-prefix-map=$(CURDIR)=.
 PKG_GO_LDFLAGS := -s -w $(GO_LDFLAGS)
 
 .PHONY: slurm-headers
-slurm-headers: ## fetch the Slurm headers of Debian SLURM_HEADER_SUITES (trixie sid) into build/slurm-headers, once, checked
-	packaging/slurm-headers.sh $(SLURM_HEADER_CACHE) $(SLURM_HEADER_SUITES)
+slurm-headers: ## fetch or unpack the headers of every release in packaging/slurm-releases into build/slurm-headers, once, checked
+	SLURM_INCLUDE='$(SLURM_INCLUDE)' packaging/release-headers.sh $(SLURM_HEADER_CACHE) >/dev/null
 
 .PHONY: plugins
-plugins: slurm-headers ## the SPANK entry for every Slurm major.minor in SLURM_HEADER_DIRS: build/pkg/lib/slurm-X.Y/
+plugins: ## the SPANK entry for every release in packaging/slurm-releases: build/pkg/lib/slurm-X.Y/
 	rm -rf $(PKG_BUILD)/lib
-	CC='$(CC)' SPANK_CFLAGS='$(PKG_CFLAGS)' packaging/build-plugins.sh $(PKG_BUILD)/lib $(SLURM_HEADER_DIRS)
+	dirs='$(SLURM_HEADER_DIRS)'; \
+	[ -n "$$dirs" ] || dirs=$$(SLURM_INCLUDE='$(SLURM_INCLUDE)' packaging/release-headers.sh $(SLURM_HEADER_CACHE)) || exit 1; \
+	CC='$(CC)' SPANK_CFLAGS='$(PKG_CFLAGS)' packaging/build-plugins.sh $(PKG_BUILD)/lib $$dirs $(SLURM_EXTRA_HEADER_DIRS)
+
+PLUGIN_DIR ?= build/plugins
 
 .PHONY: plugin
 plugin: ## one SPANK entry from SLURM_INCLUDE (e.g. /opt/slurm/include): build/plugins/slurm-X.Y/spank_gpufence.so
-	CC='$(CC)' SPANK_CFLAGS='$(PKG_CFLAGS)' packaging/build-plugins.sh build/plugins $(SLURM_INCLUDE)
+	CC='$(CC)' SPANK_CFLAGS='$(PKG_CFLAGS)' packaging/build-plugins.sh $(PLUGIN_DIR) $(SLURM_INCLUDE)
 
 .PHONY: package
 package: plugins ## .deb and .rpm in dist/ with nfpm (docs/packaging.md)

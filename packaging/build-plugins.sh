@@ -11,7 +11,6 @@
 # Run from the repository root. env: CC (default cc), SPANK_CFLAGS (the
 # Makefile's), STRIP (default strip; empty keeps debug info).
 # SPDX-License-Identifier: Apache-2.0
-# SPDX-License-Identifier: Apache-2.0
 set -eu
 
 if [ $# -lt 2 ]; then

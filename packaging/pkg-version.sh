@@ -8,7 +8,6 @@
 #   abc1234 (no tag)       -> 0.0.0~gitYYYYMMDD.abc1234 (EPOCH's date; sorts below any release)
 #   ...-dirty              -> ... .dirty
 # SPDX-License-Identifier: Apache-2.0
-# SPDX-License-Identifier: Apache-2.0
 set -eu
 v=${1#v}
 epoch=${2:-0}

@@ -1,11 +1,40 @@
 #!/usr/bin/env bash
 # Runs every test of gpufence as root on this machine: unit tests, privileged
-# tests against the real kernel, and end-to-end tests against a real Slurm.
-# Installs what it needs first (tests/deps.sh). This is what .ci/run runs.
+# tests against the real kernel, and end-to-end tests against a real Slurm:
+# the whole suite on Debian 12's 22.05 (`make test-all`), then the isolation
+# core again on each release in GPUFENCE_CI_SLURM, on that release's own
+# daemons (built from source once per machine: tests/slurmrel). Installs what
+# it needs first (tests/deps.sh). This is what .ci/run runs.
+#
+# GPUFENCE_CI_SLURM: the releases (tests/slurmrel selections) run after
+#   22.05; empty: 22.05 only. Default 25.11+pcluster: ParallelCluster 3.16's
+#   release in ParallelCluster's layout (/opt/slurm, its gres.conf), a
+#   source build of about 6 min on 2 cores, within CI's budget; the other
+#   releases are `make e2e-matrix`'s (README.md, docs/parallelcluster.md).
+# GPUFENCE_CI_SLURM_RUN: go test -run for those releases (default: the
+#   isolation scenarios, both ConstrainDevices modes, the release's layout
+#   and device program, agent down); empty: the whole suite.
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/deps.sh
+releases=${GPUFENCE_CI_SLURM-25.11+pcluster}
+run=${GPUFENCE_CI_SLURM_RUN-'^TestPrivileged(Isolation|ConstrainDevices|ReleaseLayout|SlurmDeviceProgramAttached|InteractiveStep|AgentDown)$'}
+t0=$SECONDS
+if [ -n "$releases" ]; then
+	# The source builds first, alone (a build uses every core), so that no
+	# test runs next to one.
+	go run ./tests/cmd/gfmatrix -prepare $releases
+	echo "all: Slurm $releases ready in $((SECONDS - t0)) s" >&2
+fi
 make check-generated
+t1=$SECONDS
 make test-all
+echo "all: test-all (unit, privileged, package, end-to-end on 22.05) took $((SECONDS - t1)) s" >&2
+if [ -n "$releases" ]; then
+	t1=$SECONDS
+	go run ./tests/cmd/gfmatrix -out build/ci-matrix.json ${run:+-run "$run"} $releases
+	echo "all: end-to-end on $releases took $((SECONDS - t1)) s" >&2
+fi
 make fuzz FUZZTIME=10s
+echo "all: everything took $((SECONDS - t0)) s" >&2

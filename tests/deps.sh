@@ -9,7 +9,10 @@ set -euo pipefail
 pkgs=(make gcc libc6-dev git curl unzip ca-certificates
       libslurm-dev slurmctld slurmd slurm-client munge
       clang llvm protobuf-compiler bpftool prometheus
-      lintian rpmlint rpm cpio debootstrap gpgv debian-archive-keyring xz-utils)
+      lintian rpmlint rpm cpio debootstrap gpgv debian-archive-keyring xz-utils
+      libmunge-dev libdbus-1-dev libhwloc-dev libjson-c-dev libyaml-dev pkg-config)
+# The last line: what building Slurm from a release tarball needs
+# (tests/slurmrel/build-source.sh, for the e2e suite on other releases).
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -39,7 +39,7 @@ const (
 // Check is one finding. The JSON names are stable.
 type Check struct {
 	// ID names the check: cgroup, kernel, bpffs, slurm-conf, slurm-plugin,
-	// plugstack, slurm-cgroup, gres, nvml, agent-socket, audit.
+	// plugstack, slurm-cgroup, slurm-layout, gres, nvml, agent-socket, audit.
 	ID string `json:"id"`
 	// Title says what is checked.
 	Title   string  `json:"title"`
@@ -119,6 +119,7 @@ func Run(env Env) Report {
 		r.checkPlugin(),
 		r.checkPlugstack(),
 		r.checkSlurmCgroup(),
+		r.checkLayout(),
 		r.checkGres(),
 		r.checkNVML(),
 		r.checkSocket(),
@@ -153,6 +154,9 @@ type run struct {
 	plug      plugstackFacts
 	// mode is the filter mode the agent would run in, "" when unknown.
 	mode devfilter.Mode
+	// slurmV is the node's Slurm release (from slurmd -V), when haveSlurm.
+	slurmV    SlurmVersion
+	haveSlurm bool
 }
 
 // newCheck starts a Check; ok, info, skip, warn and fail fill it.

@@ -78,6 +78,8 @@ func newNode(t *testing.T) *node {
 		n.write("/etc/slurm/gres.conf", "NodeName=gpu2 Name=gpu File=/dev/nvidia[0-1]\n")
 	}
 	n.write("/sys/fs/bpf/gpufence/state", "")
+	// Slurm 24.11 from Debian (multiple-slurmd): slurmd's scope, named by the node.
+	n.write("/sys/fs/cgroup/system.slice/gpu1_slurmstepd.scope/slurmd/cgroup.procs", "")
 	n.listen()
 	if err := os.MkdirAll(n.path("/var/log/gpufence"), 0o750); err != nil {
 		t.Fatal(err)
@@ -373,7 +375,7 @@ func TestFailures(t *testing.T) {
 		{"cgroup v1 only", func(n *node) { n.write("/proc/self/mountinfo", mountsV1+mountBPF) },
 			"cgroup", Fail, "cgroup v1 only", "unified_cgroup_hierarchy", nil},
 		{"hybrid cgroups", func(n *node) { n.write("/proc/self/mountinfo", mountsHyb+mountBPF) },
-			"cgroup", Warn, "hybrid cgroups: cgroup v2 at /sys/fs/cgroup/unified", "unified_cgroup_hierarchy", nil},
+			"cgroup", Warn, "hybrid cgroups: cgroup v2 at /sys/fs/cgroup/unified", "unified_cgroup_hierarchy", []string{"slurm-layout"}},
 		{"no bpffs while the agent runs", func(n *node) { n.write("/proc/self/mountinfo", mountsV2) },
 			"bpffs", Fail, "not a bpf file system", "mount -t bpf bpf /sys/fs/bpf", nil},
 		{"no bpffs, agent down", func(n *node) {
@@ -472,7 +474,7 @@ func TestFailures(t *testing.T) {
 		{"slurm.conf missing", func(n *node) {
 			n.remove("/etc/slurm/slurm.conf")
 			n.write("/opt/slurm/etc/slurm.conf", slurmConf)
-		}, "slurm-conf", Fail, "cannot read slurm.conf /etc/slurm/slurm.conf", "slurm_conf: /opt/slurm/etc/slurm.conf", []string{"slurm-cgroup", "gres"}},
+		}, "slurm-conf", Fail, "cannot read slurm.conf /etc/slurm/slurm.conf", "slurm_conf: /opt/slurm/etc/slurm.conf", []string{"slurm-cgroup", "slurm-layout", "gres"}},
 		{"audit file world-readable", func(n *node) { os.Chmod(n.path("/var/log/gpufence/audit.jsonl"), 0o644) },
 			"audit", Fail, "readable or writable by everyone", "chmod 0640", nil},
 		{"audit folder world-writable", func(n *node) { os.Chmod(n.path("/var/log/gpufence"), 0o777) },
@@ -682,6 +684,68 @@ func TestNVML(t *testing.T) {
 			}
 			if (c.Verdict == Fail) != (c.Fix != "") {
 				t.Errorf("fail verdict and fix disagree: %s, fix %q", c.Verdict, c.Fix)
+			}
+		})
+	}
+}
+
+// TestLayout: the slurm-layout check knows each release's cgroup layout:
+// the scope's name and slice (CgroupSlice, 25.11), job cgroups by SLUID
+// (26.05 unless CgroupJobIdPaths=yes, 26.05.2), and the cgroup.conf keys a
+// release refuses or dropped.
+func TestLayout(t *testing.T) {
+	const cg = "/sys/fs/cgroup"
+	for _, tc := range []struct {
+		name    string
+		slurmd  string
+		cgroup  string   // cgroup.conf
+		scopes  []string // scope dirs made, below /sys/fs/cgroup
+		scope   string   // configured scope
+		verdict Verdict
+		summary string
+		detail  string // a substring of the detail
+	}{
+		{"Debian 22.05", "slurm-wlm 22.05.8", "CgroupPlugin=cgroup/v2\nCgroupAutomount=no\n", []string{"system.slice/gpu1_slurmstepd.scope"}, "",
+			OK, "layout of Slurm 22.05: scope /sys/fs/cgroup/system.slice/gpu1_slurmstepd.scope", "job cgroups are job_<id>"},
+		{"23.11 keeps CgroupAutomount", "slurm 23.11.10", "CgroupPlugin=cgroup/v2\nCgroupAutomount=yes\n", []string{"system.slice/slurmstepd.scope"}, "",
+			Warn, "CgroupAutomount, which Slurm 23.11 removed", ""},
+		{"24.05 with CgroupSlice", "slurm 24.05.8", "CgroupSlice=gpu.slice\n", []string{"system.slice/slurmstepd.scope"}, "",
+			Fail, "CgroupSlice=gpu.slice, which Slurm 24.05 does not know", ""},
+		{"25.11 from source", "slurm 25.11.7", "CgroupPlugin=cgroup/v2\n", []string{"system.slice/slurmstepd.scope"}, "",
+			OK, "scope /sys/fs/cgroup/system.slice/slurmstepd.scope", "job cgroups are job_<id>"},
+		{"25.11 CgroupSlice", "slurm 25.11.7", "CgroupSlice=gpu.slice\n", []string{"gpu.slice/slurmstepd.scope"}, "",
+			OK, "scope /sys/fs/cgroup/gpu.slice/slurmstepd.scope", ""},
+		{"25.11 CgroupSlice, old scope left", "slurm 25.11.7", "CgroupSlice=gpu.slice\n", []string{"system.slice/slurmstepd.scope"}, "",
+			Warn, "a scope left from before CgroupSlice changed", ""},
+		{"25.11 configured scope missing", "slurm 25.11.7", "", []string{"system.slice/slurmstepd.scope"}, "/sys/fs/cgroup/other/slurmstepd.scope",
+			Fail, "the configured scope /sys/fs/cgroup/other/slurmstepd.scope does not exist", ""},
+		{"25.11 configured scope elsewhere", "slurm 25.11.7", "", []string{"system.slice/slurmstepd.scope", "old.slice/slurmstepd.scope"}, "/sys/fs/cgroup/old.slice/slurmstepd.scope",
+			Warn, "is not the one Slurm 25.11 uses here", ""},
+		{"no scope yet", "slurm 25.11.7", "", nil, "", Info, "no slurmstepd scope yet", "or /sys/fs/cgroup/system.slice/slurmstepd.scope"},
+		{"25.05 ConstrainDevices", "slurm 25.05.8", "ConstrainDevices=yes\n", []string{"system.slice/slurmstepd.scope"}, "",
+			OK, "layout of Slurm 25.05", "fails a step whose own device program cannot be attached"},
+		{"26.05 SLUID", "slurm 26.05.5", "", []string{"system.slice/gpu1_slurmstepd.scope"}, "",
+			OK, "job cgroups by SLUID", "named by the job's SLUID"},
+		{"26.05 CgroupJobIdPaths", "slurm 26.05.5", "CgroupJobIdPaths=yes\n", []string{"system.slice/gpu1_slurmstepd.scope"}, "",
+			OK, "layout of Slurm 26.05: scope /sys/fs/cgroup/system.slice/gpu1_slurmstepd.scope", "job_<id> (CgroupJobIdPaths=yes)"},
+		{"26.05.1 CgroupJobIdPaths", "slurm 26.05.1", "CgroupJobIdPaths=yes\n", []string{"system.slice/gpu1_slurmstepd.scope"}, "",
+			Fail, "CgroupJobIdPaths, which Slurm 26.05.1 does not know", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			n.remove(cg + "/system.slice")
+			for _, s := range tc.scopes {
+				n.write(cg+"/"+s+"/slurmd/cgroup.procs", "")
+			}
+			n.slurmd(tc.slurmd)
+			n.write("/etc/slurm/cgroup.conf", tc.cgroup)
+			n.env.Config.Scope = tc.scope
+			c := find(t, n.run(), "slurm-layout")
+			if c.Verdict != tc.verdict || !strings.Contains(c.Summary, tc.summary) || !strings.Contains(strings.Join(c.Detail, "\n"), tc.detail) {
+				t.Errorf("got %s %q\n%s\nwant %s %q with %q in the detail", c.Verdict, c.Summary, strings.Join(c.Detail, "\n"), tc.verdict, tc.summary, tc.detail)
+			}
+			if (c.Verdict == Warn || c.Verdict == Fail) && c.Fix == "" {
+				t.Errorf("%s without a fix", c.Verdict)
 			}
 		})
 	}

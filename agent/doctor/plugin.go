@@ -192,6 +192,7 @@ func (r *run) checkPlugin() Check {
 			c.fail("Check the Slurm installation: "+prog+" -V must print its version.", "cannot tell the Slurm version: %v", unwrapPath(err, e))
 		} else {
 			haveSlurm = true
+			r.slurmV, r.haveSlurm = slurmV, true
 			c.add("%s -V: %s (release %s)", prog, strings.TrimSpace(out), slurmV.Release())
 		}
 	}

@@ -21,7 +21,6 @@
 #
 # Safe to run again: every step checks before it changes anything.
 # SPDX-License-Identifier: Apache-2.0
-# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 
 ROOT="${GPUFENCE_ROOT:-}" # tests only: a folder standing in for /

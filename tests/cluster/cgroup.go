@@ -14,9 +14,10 @@ import (
 	"time"
 )
 
-// prepareCgroups finds cgroup2, creates <cgroup2>/system.slice when absent
+// prepareCgroups finds cgroup2, creates <cgroup2>/<slice> when absent
 // (IgnoreSystemd=yes needs it) and notes which cgroups already exist under
-// the Slurm scope, so that Stop removes only the ones made during this run.
+// each scope Slurm may make (with or without the node name), so that Stop
+// removes only the ones made during this run.
 func (c *Cluster) prepareCgroups() error {
 	mi, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -31,19 +32,28 @@ func (c *Cluster) prepareCgroups() error {
 		return err
 	}
 	c.st.Hybrid = isHybrid(string(self))
-	slice := filepath.Join(mount, "system.slice")
-	scope := filepath.Join(slice, c.st.Host+"_slurmstepd.scope")
+	slice := filepath.Join(mount, c.slice())
+	c.st.ScopeCandidates = []string{
+		filepath.Join(slice, c.st.Host+"_slurmstepd.scope"),
+		filepath.Join(slice, "slurmstepd.scope"),
+	}
+	c.st.ScopesBefore = map[string][]string{}
+	c.st.ScopeExisted = map[string]bool{}
 	// Checked before CgroupMount is recorded: Stop cleans cgroups only once
 	// it is set, so a refused start never touches another cluster's.
-	if _, err := os.Stat(scope); err == nil {
+	for _, scope := range c.st.ScopeCandidates {
+		if _, err := os.Stat(scope); err != nil {
+			continue
+		}
 		if populated(scope) {
 			return fmt.Errorf("%s holds processes: another Slurm runs on this node; stop it first", scope)
 		}
-		if c.st.ScopeBefore, err = listCgroups(scope); err != nil {
+		before, err := listCgroups(scope)
+		if err != nil {
 			return err
 		}
-	} else {
-		c.st.CreatedScope = true
+		c.st.ScopeExisted[scope] = true
+		c.st.ScopesBefore[scope] = before
 	}
 	if _, err := os.Stat(slice); os.IsNotExist(err) {
 		if err := os.Mkdir(slice, 0o755); err != nil {
@@ -94,21 +104,27 @@ func cgroupPIDs(dir string) []int {
 }
 
 // ownCgroups are the cgroups under the scope that Slurm made during this
-// run, deepest first.
+// run, deepest first (under every candidate scope while slurmd has not yet
+// shown which one it uses).
 func (c *Cluster) ownCgroups() ([]string, error) {
-	scope := c.ScopeDir()
-	all, err := listCgroups(scope)
-	if err != nil {
-		return nil, err
-	}
-	before := map[string]bool{}
-	for _, p := range c.st.ScopeBefore {
-		before[p] = true
+	scopes := c.st.ScopeCandidates
+	if c.st.Scope != "" {
+		scopes = []string{c.st.Scope}
 	}
 	var own []string
-	for _, rel := range all {
-		if !before[rel] {
-			own = append(own, filepath.Join(scope, rel))
+	for _, scope := range scopes {
+		all, err := listCgroups(scope)
+		if err != nil {
+			return nil, err
+		}
+		before := map[string]bool{}
+		for _, p := range c.st.ScopesBefore[scope] {
+			before[p] = true
+		}
+		for _, rel := range all {
+			if !before[rel] {
+				own = append(own, filepath.Join(scope, rel))
+			}
 		}
 	}
 	sortDeepestFirst(own)
@@ -117,7 +133,7 @@ func (c *Cluster) ownCgroups() ([]string, error) {
 
 // cleanCgroups kills what is left in cgroups our slurmd made (leftover
 // slurmstepds and tasks, by PID) and removes those cgroups, then the scope
-// and system.slice if the harness created them. A cgroup that still holds
+// and the slice if the harness run made them. A cgroup that still holds
 // processes is never removed.
 func (c *Cluster) cleanCgroups() error {
 	own, err := c.ownCgroups()
@@ -152,13 +168,16 @@ func (c *Cluster) cleanCgroups() error {
 	for _, d := range own {
 		rm(d)
 	}
-	if c.st.CreatedScope {
-		if _, err := os.Stat(c.ScopeDir()); err == nil {
-			rm(c.ScopeDir())
+	for _, scope := range c.st.ScopeCandidates {
+		if c.st.ScopeExisted[scope] {
+			continue
+		}
+		if _, err := os.Stat(scope); err == nil {
+			rm(scope)
 		}
 	}
 	if c.st.CreatedSystemSlice {
-		slice := filepath.Join(c.st.CgroupMount, "system.slice")
+		slice := filepath.Join(c.st.CgroupMount, c.slice())
 		if _, err := os.Stat(slice); err == nil {
 			rm(slice)
 		}

@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package cluster runs a real single-node Slurm (Debian's 22.05 packages) on
-// this machine for end-to-end tests: munged, slurmctld and slurmd started by
-// PID, fake GPU device nodes under the cluster's own folder, and cleanup of
-// exactly the processes, cgroups and files the harness created.
+// Package cluster runs a real single-node Slurm on this machine for
+// end-to-end tests: munged, slurmctld and slurmd started by PID, fake GPU
+// device nodes under the cluster's own folder, and cleanup of exactly the
+// processes, cgroups and files the harness created. The Slurm release is
+// Debian 12's 22.05 packages unless Options.Slurm (or $GPUFENCE_SLURM) names
+// another one of packaging/slurm-releases: a source build in
+// ParallelCluster's prefix layout, or a Debian suite's packages run chrooted
+// from a debootstrap root (tests/slurmrel).
 package cluster
 
 import (
@@ -41,7 +45,17 @@ type Options struct {
 	Plugstack        []string // lines of plugstack.conf
 	ExtraSlurmConf   []string // lines appended to slurm.conf
 	Keep             bool     // keep Root at Stop (logs for a post-mortem)
-	Logf             func(string, ...any)
+	// Slurm is the release to run, a tests/slurmrel selection such as
+	// "25.11" or "26.05+jobidpaths"; "" is $GPUFENCE_SLURM, else 22.05.
+	Slurm string
+	// PCluster writes AWS ParallelCluster's files (as the "+pcluster"
+	// variant does): plugstack.conf including plugstack.conf.d/*, typed
+	// gres.conf lines with NodeName=, no ConstrainDevices line.
+	PCluster bool
+	// Binds are folders of this host that a release run from a Debian root
+	// must see too (an installed package's root); Root always is.
+	Binds []string
+	Logf  func(string, ...any)
 }
 
 // Result is the outcome of a client command.
@@ -75,13 +89,36 @@ type state struct {
 	CgroupMount        string     `json:"cgroup_mount"`
 	Hybrid             bool       `json:"hybrid"`
 	CreatedSystemSlice bool       `json:"created_system_slice"`
-	CreatedScope       bool       `json:"created_scope"`
-	ScopeBefore        []string   `json:"scope_before"` // cgroups under the scope before Start
 	Munged             *Process   `json:"munged"`
 	Slurmctld          *Process   `json:"slurmctld"`
 	Slurmd             *Process   `json:"slurmd"`
 	Agents             []*Process `json:"agents"`
 	Setup              *Setup     `json:"setup,omitempty"`
+
+	// The release (release.go).
+	Slurm        string   `json:"slurm"`   // the selection, e.g. 25.11+slice
+	Release      string   `json:"release"` // major.minor
+	Kind         string   `json:"kind"`    // host, source or debroot
+	Full         string   `json:"full_version"`
+	Prefix       string   `json:"prefix"`
+	Include      string   `json:"include"`
+	BuildSeconds int      `json:"build_seconds,omitempty"`
+	SysRoot      string   `json:"sysroot,omitempty"` // debroot: the unpacked root
+	Gfroot       string   `json:"gfroot,omitempty"`
+	Binds        []string `json:"binds,omitempty"`
+	Slice        string   `json:"slice,omitempty"` // CgroupSlice, "" = system.slice
+	JobIDPaths   bool     `json:"job_id_paths,omitempty"`
+	SLUID        bool     `json:"sluid,omitempty"`
+	PCluster     bool     `json:"pcluster,omitempty"`
+	Namespace    bool     `json:"namespace,omitempty"`   // namespace/linux on (SetNamespace)
+	FakeDriver   bool     `json:"fake_driver,omitempty"` // SetFakeDriver
+	// Scope is the scope slurmd made (known once it started); the
+	// candidates are the names it may choose (with and without the node
+	// name, as Slurm is built with or without multiple-slurmd support).
+	Scope           string              `json:"scope,omitempty"`
+	ScopeCandidates []string            `json:"scope_candidates"`
+	ScopesBefore    map[string][]string `json:"scopes_before"` // cgroups under each candidate before Start
+	ScopeExisted    map[string]bool     `json:"scope_existed"`
 }
 
 // Cluster is a running single-node Slurm.
@@ -108,6 +145,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	c = &Cluster{logf: o.Logf}
 	if c.logf == nil {
 		c.logf = func(string, ...any) {}
+	}
+	// Before the lock: a source build takes minutes the first time.
+	in, err := c.setRelease(ctx, o)
+	if err != nil {
+		return nil, err
 	}
 	if o.GPUs <= 0 {
 		o.GPUs = 4
@@ -137,14 +179,21 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return c, err
 	}
 	host, _, _ = strings.Cut(host, ".")
+	rel := c.st
 	c.st = state{
 		Host: host, GPUs: o.GPUs, CPUs: runtime.NumCPU(), ConstrainDevices: o.ConstrainDevices, MIG: o.MIG,
 		Plugstack: o.Plugstack, ExtraSlurmConf: o.ExtraSlurmConf, Keep: o.Keep,
+		Slurm: rel.Slurm, Release: rel.Release, Kind: rel.Kind, Full: rel.Full, Prefix: rel.Prefix,
+		Include: rel.Include, BuildSeconds: rel.BuildSeconds, Binds: rel.Binds, Slice: rel.Slice,
+		JobIDPaths: rel.JobIDPaths, SLUID: rel.SLUID, PCluster: rel.PCluster,
 	}
 	if err := c.makeRoot(o.Root); err != nil {
 		return c, err
 	}
 	if err := c.makeTree(); err != nil {
+		return c, err
+	}
+	if err := c.prepareRoot(ctx, in); err != nil {
 		return c, err
 	}
 	if err := c.prepareCgroups(); err != nil {
@@ -245,7 +294,7 @@ func (c *Cluster) makeRoot(root string) error {
 
 // rootEntries are what the harness creates in Root; Stop removes only these
 // when Root itself was not created by the harness.
-var rootEntries = []string{"etc", "logs", "run", "state", "dev", "bin", "lib", "work", "state.json"}
+var rootEntries = []string{"etc", "logs", "run", "state", "dev", "bin", "lib", "work", "sysroot", "slurm-bin", "ns", "fakedriver", "state.json"}
 
 func (c *Cluster) makeTree() error {
 	slurmU, err := lookupIDs("slurm")
@@ -261,7 +310,7 @@ func (c *Cluster) makeTree() error {
 		mode os.FileMode
 		ids  *ids
 	}{
-		{"etc", 0o755, nil}, {"logs", 0o755, nil}, {"run", 0o755, nil},
+		{"etc", 0o755, nil}, {"etc/plugstack.conf.d", 0o755, nil}, {"etc/pcluster", 0o755, nil}, {"logs", 0o755, nil}, {"run", 0o755, nil},
 		{"run/munge", 0o755, &mungeU}, {"state", 0o755, nil}, {"state/ctld", 0o700, &slurmU},
 		{"state/d", 0o755, nil}, {"dev", 0o755, nil}, {"bin", 0o755, nil}, {"lib", 0o755, nil},
 		// Job output and srun's working directory: every user may write.
@@ -378,16 +427,23 @@ func (c *Cluster) params() confParams {
 		CgroupMount: c.st.CgroupMount, Constrain: c.st.ConstrainDevices, MIG: c.st.MIG,
 		ExtraSlurm: c.st.ExtraSlurmConf, Plugstack: c.st.Plugstack,
 		ClusterName: "gpufence", SlurmUser: "slurm", KillWaitSecs: 5,
+		Release: c.st.Release, Slice: c.st.Slice, JobIDPaths: c.st.JobIDPaths, PCluster: c.st.PCluster,
+		Namespace: c.st.Namespace, FakeDriver: c.st.FakeDriver,
 	}
 }
 
 func (c *Cluster) writeConfigs() error {
 	p := c.params()
 	files := map[string]string{
-		"etc/slurm.conf":     renderSlurmConf(p),
-		"etc/gres.conf":      renderGresConf(p),
-		"etc/cgroup.conf":    renderCgroupConf(p),
-		"etc/plugstack.conf": renderPlugstack(p.Plugstack),
+		"etc/slurm.conf":  renderSlurmConf(p),
+		"etc/gres.conf":   renderGresConf(p),
+		"etc/cgroup.conf": renderCgroupConf(p),
+	}
+	for rel, text := range renderPlugstackFiles(p) {
+		files[rel] = text
+	}
+	if p.PCluster && !p.MIG {
+		files["etc/"+pclusterGresFile] = renderPClusterGres(p)
 	}
 	for rel, text := range files {
 		if err := os.WriteFile(c.path(rel), []byte(text), 0o644); err != nil {
@@ -401,8 +457,11 @@ func (c *Cluster) writeConfigs() error {
 // it at once; slurmd only at its start (see RestartSlurmd).
 func (c *Cluster) WritePlugstack(lines []string) error {
 	c.st.Plugstack = lines
-	if err := os.WriteFile(c.path("etc/plugstack.conf"), []byte(renderPlugstack(lines)), 0o644); err != nil {
-		return err
+	p := c.params()
+	for rel, text := range renderPlugstackFiles(p) {
+		if err := os.WriteFile(c.path(rel), []byte(text), 0o644); err != nil {
+			return err
+		}
 	}
 	return c.saveState()
 }
@@ -424,8 +483,7 @@ func (c *Cluster) mungeSocket() string { return c.path("run/munge/munge.socket")
 
 func (c *Cluster) baseEnv() []string {
 	return []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"LANG=C", "HOME=/root", "SLURM_CONF=" + c.path("etc/slurm.conf"),
+		c.pathEnv(), "LANG=C", "HOME=/root", "SLURM_CONF=" + c.path("etc/slurm.conf"),
 	}
 }
 
@@ -452,7 +510,7 @@ func (c *Cluster) startMunged() error {
 
 func (c *Cluster) startSlurmctld() error {
 	p, err := startProcess("slurmctld", c.path("logs/slurmctld.out"), c.baseEnv(), nil, c.st.Root,
-		"/usr/sbin/slurmctld", "-D", "-f", c.path("etc/slurm.conf"))
+		c.daemonArgv("slurmctld", "-D", "-f", c.path("etc/slurm.conf"))...)
 	if err != nil {
 		return err
 	}
@@ -471,7 +529,7 @@ func (c *Cluster) RestartSlurmdBusy() error {
 		env = append(env, "LD_PRELOAD="+c.shimPath())
 	}
 	p, err := startProcess("slurmd", c.path("logs/slurmd.out"), env, nil, c.st.Root,
-		"/usr/sbin/slurmd", "-D", "-f", c.path("etc/slurm.conf"))
+		c.daemonArgv("slurmd", "-D", "-f", c.path("etc/slurm.conf"))...)
 	if err != nil {
 		return err
 	}
@@ -500,12 +558,15 @@ func (c *Cluster) startSlurmd(ctx context.Context) error {
 		env = append(env, "LD_PRELOAD="+c.shimPath())
 	}
 	p, err := startProcess("slurmd", c.path("logs/slurmd.out"), env, nil, c.st.Root,
-		"/usr/sbin/slurmd", "-D", "-f", c.path("etc/slurm.conf"))
+		c.daemonArgv("slurmd", "-D", "-f", c.path("etc/slurm.conf"))...)
 	if err != nil {
 		return err
 	}
 	c.st.Slurmd = p
-	return c.waitIdle(ctx, 60*time.Second)
+	if err := c.waitIdle(ctx, 60*time.Second); err != nil {
+		return err
+	}
+	return c.discoverScope()
 }
 
 // waitIdle waits until slurmd answers and the node is idle in sinfo.
@@ -580,6 +641,11 @@ func (c *Cluster) SetMIG(on bool) error {
 	if err := os.WriteFile(c.path("etc/gres.conf"), []byte(renderGresConf(p)), 0o644); err != nil {
 		return err
 	}
+	if p.PCluster && !p.MIG {
+		if err := os.WriteFile(c.path("etc/"+pclusterGresFile), []byte(renderPClusterGres(p)), 0o644); err != nil {
+			return err
+		}
+	}
 	if err := os.WriteFile(c.path("etc/slurm.conf"), []byte(renderSlurmConf(p)), 0o644); err != nil {
 		return err
 	}
@@ -590,6 +656,64 @@ func (c *Cluster) SetMIG(on bool) error {
 		return fmt.Errorf("restart slurmd with the %s gres.conf: %w", map[bool]string{true: "MIG", false: "plain"}[on], err)
 	}
 	return c.saveState()
+}
+
+// NamespaceBase is the base_path a namespace.yaml of SetNamespace must
+// give namespace/linux: Slurm mounts each job's private folders there.
+func (c *Cluster) NamespaceBase() string { return c.path("ns") }
+
+// SetNamespace turns Slurm's namespace/linux plugin (25.11) on with the
+// given namespace.yaml, or off ("" removes it), and restarts slurmctld and
+// slurmd, which read NamespaceType only at start. No job may run.
+func (c *Cluster) SetNamespace(yaml string) error {
+	if yaml != "" && !c.AtLeast("25.11") {
+		return fmt.Errorf("namespace/linux is Slurm 25.11's; this cluster runs %s", c.st.Full)
+	}
+	for _, p := range []*Process{c.st.Slurmd, c.st.Slurmctld} {
+		if err := p.Stop(); err != nil {
+			return fmt.Errorf("stop %s: %w", p.Name, err)
+		}
+	}
+	if err := c.unmountNamespaceBase(); err != nil {
+		return err
+	}
+	c.st.Namespace = yaml != ""
+	if yaml != "" {
+		if err := os.MkdirAll(c.NamespaceBase(), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(c.path("etc/namespace.yaml"), []byte(yaml), 0o644); err != nil {
+			return err
+		}
+	} else if err := os.Remove(c.path("etc/namespace.yaml")); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	if err := os.WriteFile(c.path("etc/slurm.conf"), []byte(renderSlurmConf(c.params())), 0o644); err != nil {
+		return err
+	}
+	if err := c.startSlurmctld(); err != nil {
+		return err
+	}
+	if err := c.startSlurmd(context.Background()); err != nil {
+		return fmt.Errorf("restart slurmd with namespace/linux %v: %w\n%s", c.st.Namespace, err, tail(c.path("logs/slurmd.log"), 20))
+	}
+	return c.saveState()
+}
+
+// unmountNamespaceBase detaches what Slurm's namespace/linux left mounted
+// under NamespaceBase in this mount namespace (it mounts there, in
+// slurmstepd's namespace, and unmounts when a job ends; a daemon killed
+// early leaves them). Only that folder, which the harness gave Slurm.
+func (c *Cluster) unmountNamespaceBase() error {
+	var errs []error
+	m := mountsAt(c.NamespaceBase())
+	for i := len(m) - 1; i >= 0; i-- {
+		c.logf("unmounting %s, left by namespace/linux", m[i])
+		if err := syscall.Unmount(m[i], syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m[i], err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // CapsMajor is the fake nvidia-caps major of the MIG capability nodes.
@@ -642,9 +766,17 @@ func (c *Cluster) DevPaths() []string {
 // CtlPath is the fake /dev/nvidiactl.
 func (c *Cluster) CtlPath() string { return c.path("dev/nvidiactl") }
 
-// ScopeDir is the cgroup2 folder Slurm puts slurmd and every job under.
+// ScopeDir is the cgroup2 folder Slurm puts slurmd and every job under:
+// <mount>/<slice>/<node>_slurmstepd.scope (Debian's packages, built with
+// multiple-slurmd support) or <mount>/<slice>/slurmstepd.scope.
 func (c *Cluster) ScopeDir() string {
-	return filepath.Join(c.st.CgroupMount, "system.slice", c.st.Host+"_slurmstepd.scope")
+	if c.st.Scope != "" {
+		return c.st.Scope
+	}
+	if len(c.st.ScopeCandidates) > 0 {
+		return c.st.ScopeCandidates[0]
+	}
+	return filepath.Join(c.st.CgroupMount, c.slice(), c.st.Host+"_slurmstepd.scope")
 }
 
 // LogPath is the path of a log under <Root>/logs (slurmd.log, slurmctld.log, <agent>.log).
@@ -670,30 +802,26 @@ func (c *Cluster) Run(ctx context.Context, usr string, name string, args ...stri
 // RunEnv is Run with extra environment variables (for example forged
 // SLURM_JOB_GPUS).
 func (c *Cluster) RunEnv(ctx context.Context, usr string, extraEnv []string, name string, args ...string) Result {
+	return c.RunStdin(ctx, usr, extraEnv, "", name, args...)
+}
+
+// RunStdin is RunEnv with stdin as the command's standard input (salloc's
+// interactive shell reads its commands there).
+func (c *Cluster) RunStdin(ctx context.Context, usr string, extraEnv []string, stdin, name string, args ...string) Result {
 	ctx, cancel := context.WithTimeout(ctx, CommandTimeout)
 	defer cancel()
 	res := Result{Cmd: strings.Join(append([]string{name}, args...), " "), Code: -1}
 	if usr != "" {
 		res.Cmd = usr + "$ " + res.Cmd
 	}
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = c.path("work")
-	env := []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"LANG=C", "HOME=" + c.path("work"),
+	cmd, err := c.clientCmd(ctx, usr, name, args)
+	if err != nil {
+		res.Stderr = err.Error()
+		return res
 	}
+	cmd.Dir = c.path("work")
+	env := []string{c.pathEnv(), "LANG=C", "HOME=" + c.path("work")}
 	if usr != "" {
-		u, err := user.Lookup(usr)
-		if err != nil {
-			res.Stderr = err.Error()
-			return res
-		}
-		cred, err := credential(u)
-		if err != nil {
-			res.Stderr = err.Error()
-			return res
-		}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 		env = append(env, "USER="+usr, "LOGNAME="+usr)
 	} else {
 		env = append(env, "USER=root", "LOGNAME=root")
@@ -701,7 +829,10 @@ func (c *Cluster) RunEnv(ctx context.Context, usr string, extraEnv []string, nam
 	cmd.Env = append(append(env, c.Env()...), extraEnv...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	err = cmd.Run()
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	var ee *exec.ExitError
 	switch {
@@ -790,7 +921,8 @@ func (c *Cluster) StartAgent(ctx context.Context, bin string, args ...string) (*
 		return nil, err
 	}
 	name := filepath.Base(bin)
-	p, err := startProcess(name, c.path("logs/"+name+".log"), c.baseEnv(), nil, c.st.Root, append([]string{bin}, args...)...)
+	env := append(c.baseEnv(), "PATH="+c.ToolPATH())
+	p, err := startProcess(name, c.path("logs/"+name+".log"), env, nil, c.st.Root, append([]string{bin}, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -861,6 +993,9 @@ func (c *Cluster) Stop() error {
 	if c.st.CgroupMount != "" {
 		errs = append(errs, c.cleanCgroups())
 	}
+	if c.st.Root != "" {
+		errs = append(errs, c.unmountNamespaceBase())
+	}
 	if c.st.Root != "" && !c.st.Keep {
 		errs = append(errs, c.removeFiles())
 	}
@@ -893,6 +1028,11 @@ func (c *Cluster) cancelJobs() error {
 }
 
 func (c *Cluster) removeFiles() error {
+	// Never remove a tree something is still mounted in (gfroot mounts
+	// only in namespaces of its own, which end with their processes).
+	if m := mountsAt(c.st.Root); len(m) > 0 {
+		return fmt.Errorf("%s is left in place: mounts under it: %v", c.st.Root, m)
+	}
 	if c.st.CreatedRoot {
 		return os.RemoveAll(c.st.Root)
 	}

@@ -91,8 +91,11 @@ func TestPrivilegedCluster(t *testing.T) {
 				t.Errorf("%s: %q, want ENXIO (no filter, no driver)\n%s", p, rep.Open[p], r)
 			}
 		}
-		if !strings.HasPrefix(rep.Cgroup, strings.TrimPrefix(c.ScopeDir(), c.st.CgroupMount)+"/job_") {
+		if !strings.HasPrefix(rep.Cgroup, strings.TrimPrefix(c.ScopeDir(), c.st.CgroupMount)+"/") {
 			t.Errorf("task cgroup %q is not under the scope %s", rep.Cgroup, c.ScopeDir())
+		}
+		if dir, err := c.JobDirName(ctx, rep.Env["SLURM_JOB_ID"]); err != nil || !strings.Contains(rep.Cgroup, "/"+dir+"/step_0/") {
+			t.Errorf("task cgroup %q is not in its job's step_0 (job dir %q, %v)", rep.Cgroup, dir, err)
 		}
 	})
 
@@ -131,8 +134,8 @@ func TestPrivilegedCluster(t *testing.T) {
 		if rep.Env["SLURM_JOB_GPUS"] != "0,1" || rep.Env["SLURM_JOB_ID"] != id {
 			t.Errorf("batch step env %v, want SLURM_JOB_GPUS=0,1 SLURM_JOB_ID=%s", rep.Env, id)
 		}
-		if !strings.Contains(rep.Cgroup, "/job_"+id+"/step_batch/") {
-			t.Errorf("batch cgroup %q", rep.Cgroup)
+		if dir, err := c.JobDirName(ctx, id); err != nil || !strings.Contains(rep.Cgroup, "/"+dir+"/step_batch/") {
+			t.Errorf("batch cgroup %q, job dir %q (%v)", rep.Cgroup, dir, err)
 		}
 	})
 
@@ -167,7 +170,7 @@ func TestPrivilegedCluster(t *testing.T) {
 		// The job is RUNNING in slurmctld before slurmd made its cgroup.
 		for {
 			jobCgroups, _ := c.ownCgroups()
-			if containsSuffix(jobCgroups, "/job_"+id) {
+			if dir, err := c.JobDirName(ctx, id); err == nil && containsSuffix(jobCgroups, "/"+dir) {
 				break
 			}
 			if ctx.Err() != nil {
@@ -178,8 +181,8 @@ func TestPrivilegedCluster(t *testing.T) {
 		}
 		daemons := c.Daemons()
 		root, scope := c.Root(), c.ScopeDir()
-		slice := filepath.Join(c.st.CgroupMount, "system.slice")
-		createdScope, createdSlice := c.st.CreatedScope, c.st.CreatedSystemSlice
+		slice := filepath.Join(c.st.CgroupMount, c.slice())
+		createdScope, createdSlice := !c.st.ScopeExisted[scope], c.st.CreatedSystemSlice
 		t2 := time.Now()
 		stopped = true
 		if err := c.Stop(); err != nil {

@@ -5,6 +5,8 @@ package cluster
 import (
 	"fmt"
 	"strings"
+
+	"github.com/gpufence/gpufence/tests/slurmrel"
 )
 
 // confParams is everything the rendered Slurm config files depend on; it is
@@ -25,6 +27,21 @@ type confParams struct {
 	ClusterName  string
 	SlurmUser    string
 	KillWaitSecs int
+	Release      string // major.minor of the Slurm that reads the files ("" = 22.05)
+	Slice        string // CgroupSlice ("" = Slurm's default, system.slice)
+	JobIDPaths   bool   // CgroupJobIdPaths=yes (26.05)
+	PCluster     bool   // AWS ParallelCluster's way of writing the files
+	Namespace    bool   // NamespaceType=namespace/linux (25.11) with etc/namespace.yaml
+	FakeDriver   bool   // gres.conf AutoDetect=nvidia, Flags=env_uuid (SetFakeDriver)
+}
+
+// atLeast reports whether the files are for Slurm v (major.minor) or newer.
+func (p confParams) atLeast(v string) bool {
+	r := p.Release
+	if r == "" {
+		r = slurmrel.Default
+	}
+	return slurmrel.Number(r) >= slurmrel.Number(v)
 }
 
 func (p confParams) path(rel string) string { return p.Root + "/" + rel }
@@ -63,6 +80,14 @@ func renderSlurmConf(p confParams) string {
 	line("MpiDefault=none")
 	line("MailProg=/bin/true")
 	line("SchedulerType=sched/backfill")
+	if p.atLeast("23.02") && !p.atLeast("24.11") {
+		// Without accounting, the main scheduler of 23.11 and 24.05 (built
+		// from source; measured) finds every new job's association
+		// invalid ("has invalid account") and leaves it to the backfill
+		// scheduler, which runs every 30 s by default: run it every second.
+		// 22.05, 24.11, 25.11 and 26.05 start jobs at once.
+		line("SchedulerParameters=bf_interval=1")
+	}
 	line("SelectType=select/cons_tres")
 	line("SelectTypeParameters=CR_Core")
 	line("ReturnToService=2")
@@ -70,6 +95,13 @@ func renderSlurmConf(p confParams) string {
 	line("KillWait=%d", p.KillWaitSecs)
 	line("GresTypes=gpu")
 	gres := fmt.Sprintf("gpu:%d", p.GPUs)
+	if p.FakeDriver {
+		gres = fmt.Sprintf("gpu:%s:%d", fakeType, p.GPUs)
+	}
+	if p.PCluster {
+		// ParallelCluster types the GPUs by their model.
+		gres = fmt.Sprintf("gpu:%s:%d", PClusterGPUType, p.GPUs)
+	}
 	if p.MIG {
 		// Typed as in gres.conf, or slurmd drops the types ("more configured
 		// than expected") and typed requests find no node.
@@ -77,6 +109,10 @@ func renderSlurmConf(p confParams) string {
 	}
 	line("NodeName=%s NodeAddr=127.0.0.1 CPUs=%d Gres=%s State=UNKNOWN", p.Host, p.CPUs, gres)
 	line("PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO", p.Host)
+	if p.Namespace {
+		// namespace/linux (Slurm 25.11) reads namespace.yaml beside slurm.conf.
+		line("NamespaceType=namespace/linux")
+	}
 	for _, l := range p.ExtraSlurm {
 		line("%s", l)
 	}
@@ -84,10 +120,34 @@ func renderSlurmConf(p confParams) string {
 }
 
 func renderGresConf(p confParams) string {
+	if p.FakeDriver {
+		// The devices AutoDetect finds, as it names them, with their UUIDs
+		// in CUDA_VISIBLE_DEVICES (Slurm 26.05).
+		return fmt.Sprintf("AutoDetect=nvidia\nName=gpu Type=%s File=/dev/nvidia[0-%d] Flags=env_uuid\n", fakeType, p.GPUs-1)
+	}
 	if p.MIG {
 		return renderMIGGresConf(p)
 	}
+	if p.PCluster {
+		// As ParallelCluster writes it: gres.conf includes the file its
+		// node daemon generates.
+		return fmt.Sprintf("# Written by the gpufence test harness as AWS ParallelCluster writes it.\ninclude %s\n", p.path("etc/"+pclusterGresFile))
+	}
 	return fmt.Sprintf("Name=gpu File=%s/dev/nvidia[0-%d]\n", p.Root, p.GPUs-1)
+}
+
+// PClusterGPUType is the GPU type of the ParallelCluster layout's gres.conf
+// (ParallelCluster names the model, e.g. a10g on g5 instances).
+const PClusterGPUType = "a10g"
+
+// pclusterGresFile is the file ParallelCluster generates with the node's
+// GPUs, which its gres.conf includes.
+const pclusterGresFile = "pcluster/slurm_parallelcluster_gres.conf"
+
+// renderPClusterGres is ParallelCluster's generated line for the node:
+// NodeName=, Name=gpu, Type=, File=/dev/nvidia[0-N].
+func renderPClusterGres(p confParams) string {
+	return fmt.Sprintf("NodeName=%s Name=gpu Type=%s File=%s/dev/nvidia[0-%d]\n", p.Host, PClusterGPUType, p.Root, p.GPUs-1)
 }
 
 // MIGSlice is one MIG slice of the MIG layout: its gres index, the fake GPU
@@ -137,21 +197,45 @@ func renderMIGGresConf(p confParams) string {
 func capsNodeName(minor uint32) string { return fmt.Sprintf("nvidia-caps/nvidia-cap%d", minor) }
 
 func renderCgroupConf(p confParams) string {
-	constrain := "no"
-	if p.Constrain {
-		constrain = "yes"
+	var b strings.Builder
+	line := func(format string, a ...any) { fmt.Fprintf(&b, format+"\n", a...) }
+	line("CgroupPlugin=cgroup/v2")
+	line("CgroupMountpoint=%s", p.CgroupMount)
+	line("IgnoreSystemd=yes")
+	if !p.atLeast("23.11") {
+		// With automount and IgnoreSystemd, slurmd would write into the
+		// cgroup2 root's subtree_control, a cgroup that is not ours.
+		// Slurm 23.11 removed the option (and refuses it).
+		line("CgroupAutomount=no")
 	}
-	// CgroupAutomount=no: with automount and IgnoreSystemd slurmd would write
-	// into the cgroup2 root's subtree_control, a cgroup that is not ours.
-	return fmt.Sprintf(`CgroupPlugin=cgroup/v2
-CgroupMountpoint=%s
-IgnoreSystemd=yes
-CgroupAutomount=no
-ConstrainCores=no
-ConstrainRAMSpace=no
-ConstrainSwapSpace=no
-ConstrainDevices=%s
-`, p.CgroupMount, constrain)
+	if p.Slice != "" {
+		line("CgroupSlice=%s", p.Slice)
+	}
+	if p.JobIDPaths {
+		line("CgroupJobIdPaths=yes")
+	}
+	line("ConstrainCores=no")
+	line("ConstrainRAMSpace=no")
+	line("ConstrainSwapSpace=no")
+	// ParallelCluster leaves ConstrainDevices out (Slurm's default: no).
+	if p.Constrain || !p.PCluster {
+		line("ConstrainDevices=%s", map[bool]string{true: "yes", false: "no"}[p.Constrain])
+	}
+	return b.String()
+}
+
+// renderPlugstackFiles are the plugstack files: plugstack.conf with the
+// lines, or in the ParallelCluster layout plugstack.conf including
+// plugstack.conf.d/* (as ParallelCluster's head node has it) and the lines
+// in plugstack.conf.d/gpufence.conf.
+func renderPlugstackFiles(p confParams) map[string]string {
+	if !p.PCluster {
+		return map[string]string{"etc/plugstack.conf": renderPlugstack(p.Plugstack)}
+	}
+	return map[string]string{
+		"etc/plugstack.conf":                 "include " + p.path("etc/plugstack.conf.d/*") + "\n",
+		"etc/plugstack.conf.d/gpufence.conf": renderPlugstack(p.Plugstack),
+	}
 }
 
 func renderPlugstack(lines []string) string {

@@ -242,3 +242,70 @@ func TestPickCapsMajor(t *testing.T) {
 		t.Error("pickCapsMajor found a major in a full range")
 	}
 }
+
+// TestRenderPerRelease: the files follow what each release accepts.
+func TestRenderPerRelease(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		mod          func(*confParams)
+		cgroup, conf []string // lines cgroup.conf / slurm.conf must have
+		notCgroup    []string // lines cgroup.conf must not have
+		notConf      []string
+	}{
+		{"22.05", func(p *confParams) { p.Release = "22.05" }, []string{"CgroupAutomount=no"}, nil, nil, []string{"SchedulerParameters=bf_interval=1"}},
+		{"default is 22.05", func(p *confParams) {}, []string{"CgroupAutomount=no"}, nil, nil, nil},
+		{"23.11 dropped CgroupAutomount, backfills every second", func(p *confParams) { p.Release = "23.11" }, nil, []string{"SchedulerParameters=bf_interval=1"}, []string{"CgroupAutomount=no"}, nil},
+		{"24.05 backfills every second", func(p *confParams) { p.Release = "24.05" }, nil, []string{"SchedulerParameters=bf_interval=1"}, []string{"CgroupAutomount=no"}, nil},
+		{"24.11 does not", func(p *confParams) { p.Release = "24.11" }, nil, nil, nil, []string{"SchedulerParameters=bf_interval=1"}},
+		{"25.11 CgroupSlice", func(p *confParams) { p.Release = "25.11"; p.Slice = "gpufence_test.slice" }, []string{"CgroupSlice=gpufence_test.slice"}, nil, []string{"CgroupAutomount=no"}, nil},
+		{"26.05 CgroupJobIdPaths", func(p *confParams) { p.Release = "26.05"; p.JobIDPaths = true }, []string{"CgroupJobIdPaths=yes"}, nil, nil, nil},
+		{"namespace/linux", func(p *confParams) { p.Release = "25.11"; p.Namespace = true }, nil, []string{"NamespaceType=namespace/linux"}, nil, nil},
+		{"ParallelCluster: no ConstrainDevices line", func(p *confParams) { p.Release = "23.11"; p.PCluster = true }, nil, []string{"NodeName=node1 NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:a10g:4 State=UNKNOWN"}, []string{"ConstrainDevices=no"}, nil},
+		{"ParallelCluster with ConstrainDevices", func(p *confParams) { p.PCluster = true; p.Constrain = true }, []string{"ConstrainDevices=yes"}, nil, nil, nil},
+		{"fake driver", func(p *confParams) { p.Release = "26.05"; p.FakeDriver = true }, nil, []string{"NodeName=node1 NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:tesla_t4:4 State=UNKNOWN"}, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testParams()
+			tc.mod(&p)
+			cg, conf := renderCgroupConf(p), renderSlurmConf(p)
+			has := func(text, line string) bool { return strings.Contains("\n"+text, "\n"+line+"\n") }
+			for _, l := range tc.cgroup {
+				if !has(cg, l) {
+					t.Errorf("cgroup.conf lacks %q:\n%s", l, cg)
+				}
+			}
+			for _, l := range tc.notCgroup {
+				if has(cg, l) {
+					t.Errorf("cgroup.conf has %q:\n%s", l, cg)
+				}
+			}
+			for _, l := range tc.conf {
+				if !has(conf, l) {
+					t.Errorf("slurm.conf lacks %q:\n%s", l, conf)
+				}
+			}
+			for _, l := range tc.notConf {
+				if has(conf, l) {
+					t.Errorf("slurm.conf has %q:\n%s", l, conf)
+				}
+			}
+		})
+	}
+	p := testParams()
+	p.PCluster = true
+	files := renderPlugstackFiles(p)
+	if files["etc/plugstack.conf"] != "include /var/tmp/r/etc/plugstack.conf.d/*\n" || len(files) != 2 {
+		t.Errorf("ParallelCluster plugstack files: %q", files)
+	}
+	if g := renderGresConf(p); !strings.Contains(g, "include /var/tmp/r/etc/"+pclusterGresFile) {
+		t.Errorf("ParallelCluster gres.conf: %q", g)
+	}
+	if g := renderPClusterGres(p); g != "NodeName=node1 Name=gpu Type=a10g File=/var/tmp/r/dev/nvidia[0-3]\n" {
+		t.Errorf("ParallelCluster's gres line: %q", g)
+	}
+	p = testParams()
+	p.FakeDriver = true
+	if g := renderGresConf(p); g != "AutoDetect=nvidia\nName=gpu Type=tesla_t4 File=/dev/nvidia[0-3] Flags=env_uuid\n" {
+		t.Errorf("fake driver gres.conf: %q", g)
+	}
+}

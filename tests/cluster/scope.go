@@ -17,10 +17,10 @@ import (
 // path. No job may run. Only a scope this cluster created is removed; it
 // returns the scope's cgroup id before and after.
 func (c *Cluster) RecreateScope(ctx context.Context) (before, after uint64, err error) {
-	if !c.st.CreatedScope || len(c.st.ScopeBefore) > 0 {
+	scope := c.ScopeDir()
+	if c.st.Scope == "" || c.st.ScopeExisted[scope] || len(c.st.ScopesBefore[scope]) > 0 {
 		return 0, 0, errors.New("the slurmstepd scope existed before this cluster started: not removing it")
 	}
-	scope := c.ScopeDir()
 	if before, err = cgroupID(scope); err != nil {
 		return 0, 0, err
 	}

@@ -57,7 +57,7 @@ func (st *suite) ctldWrapper(t *testing.T) (dir, down string) {
 		t.Fatal(err)
 	}
 	for _, tool := range []string{"scontrol", "squeue"} {
-		real, err := lookPath(tool)
+		real, err := lookPath(st.c, tool)
 		if err != nil {
 			t.Fatal(err)
 		}

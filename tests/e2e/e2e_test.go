@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package e2e drives the whole product against a real Slurm 22.05 on this
-// machine: real slurmctld, slurmd and slurmstepd loading the SPANK plugin,
-// the real agent, and the kernel enforcing the device filter on fake GPUs
-// (an allowed GPU opens with ENXIO, a denied one with EPERM).
+// Package e2e drives the whole product against a real Slurm on this machine:
+// real slurmctld, slurmd and slurmstepd loading the SPANK plugin, the real
+// agent, and the kernel enforcing the device filter on fake GPUs (an allowed
+// GPU opens with ENXIO, a denied one with EPERM). The release is Debian 12's
+// 22.05 unless GPUFENCE_SLURM names another (`make e2e SLURM=25.11`; see
+// tests/slurmrel): the suite then runs against that release's own daemons,
+// with the plugin built against that release's own headers.
 package e2e
 
 import (
 	"context"
+	"debug/elf"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,8 +45,11 @@ type suite struct {
 	agent    *cluster.Process
 	gpufence string // the gpufence binary under test
 	plugin   string // the SPANK entry; spank_gpufence_go.so lies beside it
-	open     string // gf-open in the cluster's root
-	sock     string
+	// golib is the Go half when it does not lie beside plugin (an
+	// installed package's build for another release than its link's).
+	golib string
+	open  string // gf-open in the cluster's root
+	sock  string
 	// starts counts agent starts; each writes its own audit file.
 	starts     int
 	auditFiles []string
@@ -124,19 +132,32 @@ func start(t *testing.T) (*suite, error) {
 		cancel()
 		return nil, err
 	}
-	gf, plugin, err := binaries(setupCtx)
+	gf, goLib, err := binaries(setupCtx)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	t.Logf("testing %s and %s", gf, plugin)
-	st := &suite{gpufence: gf, plugin: plugin, ctx: ctx, cancel: cancel}
-	c, err := cluster.Start(setupCtx, cluster.Options{Logf: t.Logf})
+	st := &suite{gpufence: gf, ctx: ctx, cancel: cancel}
+	var binds []string
+	if r := os.Getenv("GPUFENCE_INSTALL_ROOT"); r != "" {
+		binds = append(binds, r)
+	}
+	t0 := time.Now()
+	// GPUFENCE_E2E_KEEP=1 keeps the cluster's folder (logs, audit files)
+	// for a post-mortem. A source build of the release, when not cached,
+	// happens in Start, within setupCtx.
+	c, err := cluster.Start(setupCtx, cluster.Options{Logf: t.Logf, Binds: binds, Keep: os.Getenv("GPUFENCE_E2E_KEEP") != ""})
 	if err != nil {
 		cancel()
 		return nil, err
 	}
 	st.c = c
+	t.Logf("Slurm %s (%s, %s) up in %s", c.SlurmVersion(), c.Selection(), c.Kind(), time.Since(t0).Round(time.Millisecond))
+	if st.plugin, st.golib, err = pluginFor(setupCtx, c, goLib); err != nil {
+		st.stop()
+		return nil, err
+	}
+	t.Logf("testing %s and %s", gf, st.plugin)
 	st.sock = filepath.Join(c.Root(), "run", "agent.sock")
 	// The agent pins its filter in a bpffs of the suite's own, never in
 	// the host's /sys/fs/bpf.
@@ -170,22 +191,21 @@ func start(t *testing.T) (*suite, error) {
 	return st, nil
 }
 
-// binaries returns the gpufence binary and the SPANK plugin under test.
-// GPUFENCE_INSTALL_ROOT switches the suite to an installed package: the
-// files the .deb or .rpm put under that root (/ for this machine, or a
-// chroot the package was installed into), including the plugin link its
-// maintainer script made. Without it, the tree's bin/ is built with make.
-func binaries(ctx context.Context) (gpufence, plugin string, err error) {
+// binaries returns the gpufence binary under test and the Go half of the
+// SPANK plugin. GPUFENCE_INSTALL_ROOT switches the suite to an installed
+// package: the files the .deb or .rpm put under that root (/ for this
+// machine, or a chroot the package was installed into). Without it, the
+// tree's bin/ is built with make.
+func binaries(ctx context.Context) (gpufence, goLib string, err error) {
 	if r := os.Getenv("GPUFENCE_INSTALL_ROOT"); r != "" {
 		gpufence = filepath.Join(r, "usr/sbin/gpufence")
-		plugin = filepath.Join(r, "usr/lib/gpufence/spank_gpufence.so")
-		for _, f := range []string{gpufence, plugin, filepath.Join(r, "usr/lib/gpufence/spank_gpufence_go.so")} {
-			// Stat follows the plugin link, which must resolve inside the root.
+		goLib = filepath.Join(r, "usr/lib/gpufence/spank_gpufence_go.so")
+		for _, f := range []string{gpufence, goLib} {
 			if _, err := os.Stat(f); err != nil {
 				return "", "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s: %w (is the package installed there?)", r, err)
 			}
 		}
-		return gpufence, plugin, nil
+		return gpufence, goLib, nil
 	}
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -195,7 +215,65 @@ func binaries(ctx context.Context) (gpufence, plugin string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("make build: %v\n%s", err, out)
 	}
-	return filepath.Join(root, "bin", "gpufence"), filepath.Join(root, "bin", "spank_gpufence.so"), nil
+	return filepath.Join(root, "bin", "gpufence"), filepath.Join(root, "bin", "spank_gpufence_go.so"), nil
+}
+
+// pluginFor returns the SPANK entry the cluster's release loads, and the Go
+// half's path when it does not lie beside it. From an installed package:
+// the plugin link its maintainer script made, when it points at this
+// release's build (it must resolve inside the root), else that release's
+// build in the package. From the tree: bin/spank_gpufence.so when `make
+// build` compiled it against this release's headers (this machine's), else
+// a build against the release's own headers in the cluster's folder.
+func pluginFor(ctx context.Context, c *cluster.Cluster, goLib string) (plugin, golib string, err error) {
+	want := "slurm-" + c.Release() + "/spank_gpufence.so"
+	if r := os.Getenv("GPUFENCE_INSTALL_ROOT"); r != "" {
+		link := filepath.Join(r, "usr/lib/gpufence/spank_gpufence.so")
+		if target, err := os.Readlink(link); err == nil && target == want {
+			if _, err := os.Stat(link); err != nil {
+				return "", "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s: %w", r, err)
+			}
+			return link, "", nil
+		}
+		plugin = filepath.Join(r, "usr/lib/gpufence", want)
+		if _, err := os.Stat(plugin); err != nil {
+			return "", "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s has no build for Slurm %s: %w", r, c.Release(), err)
+		}
+		return plugin, goLib, nil
+	}
+	bin := filepath.Join(filepath.Dir(goLib), "spank_gpufence.so")
+	if v, err := pluginVersion(bin); err == nil && fmt.Sprintf("%d.%02d", v>>16, v>>8&0xff) == c.Release() {
+		return bin, "", nil
+	}
+	plugin, err = c.BuildPlugin(ctx, goLib)
+	return plugin, "", err
+}
+
+// pluginVersion reads the plugin_version symbol of a SPANK plugin file.
+func pluginVersion(path string) (uint32, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range syms {
+		if s.Name != "plugin_version" || int(s.Section) >= len(f.Sections) {
+			continue
+		}
+		sec := f.Sections[s.Section]
+		data, err := sec.Data()
+		if err != nil {
+			return 0, err
+		}
+		if off := s.Value - sec.Addr; off+4 <= uint64(len(data)) {
+			return binary.LittleEndian.Uint32(data[off:]), nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no plugin_version symbol", path)
 }
 
 // batchAndStep runs a batch job holding jobGres whose script probes paths,
@@ -214,7 +292,11 @@ func (st *suite) batchAndStep(t *testing.T, name string, paths []string, jobGres
 // plugstackLine is the suite's usual plugstack.conf line; extra options
 // (key=value) are appended.
 func (st *suite) plugstackLine(extra ...string) string {
-	return strings.Join(append([]string{"required", st.plugin, "socket=" + st.sock, "timeout=5"}, extra...), " ")
+	args := []string{"required", st.plugin, "socket=" + st.sock, "timeout=5"}
+	if st.golib != "" {
+		args = append(args, "golib="+st.golib)
+	}
+	return strings.Join(append(args, extra...), " ")
 }
 
 // agentOpts are the settings an agent start differs by.
@@ -224,6 +306,9 @@ type agentOpts struct {
 	auditFile string // "" = a new file under the cluster's logs
 	// slurmBinDir is where the agent finds scontrol and squeue; "" = PATH.
 	slurmBinDir string
+	// yaml is appended to the agent's configuration file (a test's own
+	// keys, e.g. nvswitch_test.go's fake majors).
+	yaml string
 }
 
 // agentArgs writes the agent's own configuration file and audit file for
@@ -251,6 +336,7 @@ func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 	}
 	// No driver registers nvidia-caps here: the cluster's fake major.
 	yaml += fmt.Sprintf("nvidia_caps_major: %d\n", st.c.CapsMajor())
+	yaml += opt.yaml
 	if err := st.metricsSetup(); err != nil {
 		return nil, err
 	}
@@ -584,10 +670,14 @@ func (st *suite) hold(t *testing.T, n int) func() {
 // jobCgroup finds the cgroup of a running job from its batch step's
 // processes, the same way the agent does (never from the job id alone).
 func (st *suite) jobCgroup(id string) string {
+	name, err := st.c.JobDirName(st.ctx, id)
+	if err != nil {
+		return ""
+	}
 	entries, _ := os.ReadDir(st.c.ScopeDir())
 	for _, e := range entries {
 		dir := filepath.Join(st.c.ScopeDir(), e.Name())
-		if e.IsDir() && e.Name() == "job_"+id {
+		if e.IsDir() && e.Name() == name {
 			if _, err := os.Stat(filepath.Join(dir, "step_batch")); err == nil {
 				return dir
 			}
@@ -614,8 +704,12 @@ func (st *suite) externLeaf(t *testing.T) (string, []int) {
 	if len(gpus) == 0 {
 		t.Fatalf("no GPU index for job %s in scontrol:\n%s", id, d.Stdout)
 	}
+	name, err := st.c.JobDirName(st.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var leaf string
-	filepath.Walk(filepath.Join(st.c.ScopeDir(), "job_"+id, "step_extern"), func(p string, fi os.FileInfo, err error) error {
+	filepath.Walk(filepath.Join(st.c.ScopeDir(), name, "step_extern"), func(p string, fi os.FileInfo, err error) error {
 		if err == nil && fi.IsDir() {
 			if b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs")); len(strings.TrimSpace(string(b))) > 0 {
 				leaf = p
@@ -800,9 +894,15 @@ func TestPrivilegedAgentKilled(t *testing.T) {
 		if err := st.startAgent(); err != nil {
 			t.Fatal(err)
 		}
-		// While the job still runs, status lists it, consistent.
+		// While the job still runs, status lists it, consistent. The
+		// state file is written off the reply path (coalesced), so status
+		// may lag a just-made entry by one write: it must agree within 3 s.
 		var code int
-		st.statusAfterRestart, code = st.status(t)
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if st.statusAfterRestart, code = st.status(t); code == 0 || time.Now().After(deadline) {
+				break
+			}
+		}
 		if code != 0 {
 			t.Errorf("gpufence status exit %d after the restart:\n%s", code, st.statusAfterRestart)
 		}

@@ -224,7 +224,11 @@ func TestPrivilegedForgedFieldsLostRecord(t *testing.T) {
 	}
 
 	t.Run("own steps cancelled, extern included", func(t *testing.T) {
-		jobDir := filepath.Join(st.c.ScopeDir(), fmt.Sprintf("job_%d", attacker))
+		name, err := st.c.JobDirName(st.ctx, fmt.Sprint(attacker))
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobDir := filepath.Join(st.c.ScopeDir(), name)
 		if _, err := os.Stat(jobDir); err != nil {
 			t.Fatalf("job cgroup before: %v", err)
 		}
@@ -275,7 +279,7 @@ func TestPrivilegedForgedFieldsLostRecord(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, tool := range []string{"scontrol", "squeue"} {
-			real, err := lookPath(tool)
+			real, err := lookPath(st.c, tool)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -377,8 +381,10 @@ func (st *suite) loseRecords(t *testing.T, store bool) {
 	}
 }
 
-func lookPath(tool string) (string, error) {
-	for _, d := range []string{"/usr/bin", "/usr/local/bin", "/bin"} {
+func lookPath(c *cluster.Cluster, tool string) (string, error) {
+	// The cluster's release first: a source build's prefix, a Debian
+	// root's wrappers (cluster.ToolPATH), as the agent finds them.
+	for _, d := range strings.Split(c.ToolPATH(), ":") {
 		p := filepath.Join(d, tool)
 		if _, err := os.Stat(p); err == nil {
 			return p, nil

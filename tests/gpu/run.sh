@@ -6,7 +6,6 @@
 # Run as root from anywhere: tests/gpu/run.sh. Exit 0 passed, 1 failed,
 # 77 skipped (no NVIDIA driver, or the kernel/cgroups cannot run the check).
 # SPDX-License-Identifier: Apache-2.0
-# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 

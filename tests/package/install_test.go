@@ -4,8 +4,7 @@ package pkgtest
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
+	"context"
 	"fmt"
 	"io/fs"
 	"os"
@@ -17,89 +16,32 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpufence/gpufence/tests/debroot"
 )
 
 // The Debian 12 root the packages are installed into: debootstrap's
-// minbase with Slurm 22.05's slurmd and client (as on a compute node) and
-// systemd (installed, not running: as in a node image being built).
-const (
-	cacheDir  = "/var/tmp/gpufence-pkg-cache"
-	rootSuite = "bookworm"
-)
+// minbase with Slurm 22.05's daemons and clients (as on a node) and systemd
+// (installed, not running: as in a node image being built); tests/debroot
+// builds it once per machine.
+const rootSuite = "bookworm"
 
-var rootPackages = []string{"slurmd", "slurm-client", "systemd", "procps"}
-
-// rootTarball returns the cached debootstrap root, building it first when
-// missing (minutes, once per machine).
-func rootTarball(t *testing.T, suite string) string {
-	t.Helper()
-	mirror := os.Getenv("GPUFENCE_DEBIAN_MIRROR")
-	if mirror == "" {
-		mirror = hostMirror()
-	}
-	sum := sha256.Sum256([]byte(suite + "\n" + mirror + "\n" + strings.Join(rootPackages, ",")))
-	tarball := filepath.Join(cacheDir, suite+"-"+hex.EncodeToString(sum[:6])+".tar")
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// Test binaries running at once share the cache; one builds it.
-	lock, err := os.OpenFile(filepath.Join(cacheDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(tarball); err == nil {
-		return tarball
-	}
-	need(t, "debootstrap")
-	start := time.Now()
-	build := tarball + ".d"
-	os.RemoveAll(build)
-	defer os.RemoveAll(build)
-	args := []string{"--variant=minbase", "--cache-dir=" + filepath.Join(cacheDir, "debs"),
-		"--include=" + strings.Join(rootPackages, ","), suite, build, mirror}
-	if err := os.MkdirAll(filepath.Join(cacheDir, "debs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := run("/", "debootstrap", args...); err != nil {
-		t.Fatalf("debootstrap %s: %v\n%s", strings.Join(args, " "), err, tail(out, 30))
-	}
-	if out, err := run("/", "tar", "--numeric-owner", "-C", build, "-cf", tarball+".tmp", "."); err != nil {
-		t.Fatalf("tar: %v\n%s", err, out)
-	}
-	if err := os.Rename(tarball+".tmp", tarball); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("built %s from %s in %s", tarball, mirror, time.Since(start).Round(time.Second))
-	return tarball
-}
-
-// hostMirror is the Debian mirror this machine's apt uses.
-func hostMirror() string {
-	files, _ := filepath.Glob("/etc/apt/sources.list.d/*.sources")
-	for _, f := range files {
-		data, _ := os.ReadFile(f)
-		if m := regexp.MustCompile(`(?m)^URIs:\s*(\S+/debian)/?\s*$`).FindSubmatch(data); m != nil {
-			return string(m[1])
-		}
-	}
-	return "http://deb.debian.org/debian"
-}
-
-// freshRoot unpacks the cached root into a temporary folder.
+// freshRoot unpacks the cached root of suite into a temporary folder.
 func freshRoot(t *testing.T, suite string) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("installing into a debootstrap root needs root (chroot, device nodes)")
 	}
 	need(t, "chroot", "tar")
-	tarball := rootTarball(t, suite)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	tarball, err := debroot.Tarball(ctx, suite, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
 	root := t.TempDir()
-	if out, err := run("/", "tar", "--numeric-owner", "-C", root, "-xf", tarball); err != nil {
-		t.Fatalf("unpack %s: %v\n%s", tarball, err, out)
+	if err := debroot.Unpack(ctx, tarball, root); err != nil {
+		t.Fatal(err)
 	}
 	return root
 }

@@ -92,6 +92,11 @@ func TestPackageContents(t *testing.T) {
 			}
 			sort.Strings(plugins)
 			t.Logf("plugins for Slurm %v", plugins)
+			// One build per release of packaging/slurm-releases (or of
+			// SLURM_RELEASES, when the build was asked for some only).
+			if rel := wantReleases(t); strings.Join(plugins, " ") != strings.Join(rel, " ") {
+				t.Errorf("plugin builds for %v, want one for each of %v", plugins, rel)
+			}
 			if host := hostSlurm(t); !contains(plugins, host) {
 				t.Errorf("no plugin for this host's Slurm %s (headers in /usr/include/slurm), only %v", host, plugins)
 			}
@@ -123,27 +128,92 @@ func TestPackageContents(t *testing.T) {
 	// Each SPANK entry carries the plugin_version Slurm checks: the
 	// major.minor its folder names. And no ELF file needs a newer glibc
 	// than the packages declare (libc6 >= 2.34, GLIBC_2.34).
-	for path, data := range debFiles {
-		f, err := elf.NewFile(bytes.NewReader(data))
-		if err != nil {
-			continue
-		}
-		if m := regexp.MustCompile(`/slurm-(\d+)\.(\d+)/spank_gpufence\.so$`).FindStringSubmatch(path); m != nil {
-			v, err := pluginVersion(f)
+	rpmFiles := rpmPayload(t, p.rpm)
+	for format, files := range map[string]map[string][]byte{"deb": debFiles, "rpm": rpmFiles} {
+		checked := 0
+		for path, data := range files {
+			f, err := elf.NewFile(bytes.NewReader(data))
 			if err != nil {
-				t.Errorf("%s: %v", path, err)
-			} else if major, _ := strconv.Atoi(m[1]); v>>16 != uint32(major) {
-				t.Errorf("%s: plugin_version %#x is not Slurm %s.%s", path, v, m[1], m[2])
-			} else if minor, _ := strconv.Atoi(m[2]); v>>8&0xff != uint32(minor) {
-				t.Errorf("%s: plugin_version %#x is not Slurm %s.%s", path, v, m[1], m[2])
-			} else {
-				t.Logf("%s: plugin_version %#06x", path, v)
+				continue
+			}
+			if m := regexp.MustCompile(`/slurm-(\d+)\.(\d+)/spank_gpufence\.so$`).FindStringSubmatch(path); m != nil {
+				checked++
+				v, err := pluginVersion(f)
+				if err != nil {
+					t.Errorf("%s %s: %v", format, path, err)
+				} else if major, _ := strconv.Atoi(m[1]); v>>16 != uint32(major) {
+					t.Errorf("%s %s: plugin_version %#x is not Slurm %s.%s", format, path, v, m[1], m[2])
+				} else if minor, _ := strconv.Atoi(m[2]); v>>8&0xff != uint32(minor) {
+					t.Errorf("%s %s: plugin_version %#x is not Slurm %s.%s", format, path, v, m[1], m[2])
+				} else {
+					t.Logf("%s %s: plugin_version %#06x", format, path, v)
+				}
+			}
+			if g := maxGlibc(f); g != "" && versionLess("2.34", g) {
+				t.Errorf("%s %s needs GLIBC_%s, the packages declare 2.34", format, path, g)
 			}
 		}
-		if g := maxGlibc(f); g != "" && versionLess("2.34", g) {
-			t.Errorf("%s needs GLIBC_%s, the packages declare 2.34", path, g)
+		if want := len(wantReleases(t)); checked != want {
+			t.Errorf("%s: %d plugin builds checked, want %d", format, checked, want)
 		}
 	}
+}
+
+// rpmPayload unpacks the .rpm's files (rpm2cpio | cpio) and returns the
+// content of each regular file, by installed path.
+func rpmPayload(t *testing.T, rpm string) map[string][]byte {
+	t.Helper()
+	need(t, "rpm2cpio", "cpio")
+	dir := t.TempDir()
+	cmd := exec.Command("sh", "-c", `rpm2cpio "$1" | cpio -idm --quiet --no-absolute-filenames`, "sh", rpm)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("rpm2cpio | cpio: %v\n%s", err, out)
+	}
+	files := map[string][]byte{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		files[strings.TrimPrefix(p, dir)] = data
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// wantReleases are the Slurm releases the packages must carry a plugin
+// build for: the lines of packaging/slurm-releases, or SLURM_RELEASES.
+func wantReleases(t *testing.T) []string {
+	t.Helper()
+	if env := strings.Fields(os.Getenv("SLURM_RELEASES")); len(env) > 0 {
+		sort.Strings(env)
+		return env
+	}
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "packaging/slurm-releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rel []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && !strings.HasPrefix(f[0], "#") {
+			if !regexp.MustCompile(`^\d+\.\d\d$`).MatchString(f[0]) {
+				t.Fatalf("packaging/slurm-releases: %q is not a major.minor like 24.11", f[0])
+			}
+			rel = append(rel, f[0])
+		}
+	}
+	if len(rel) == 0 {
+		t.Fatal("packaging/slurm-releases lists no release")
+	}
+	sort.Strings(rel)
+	return rel
 }
 
 // hostSlurm is the major.minor of /usr/include/slurm, which the package

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpufence/gpufence/tests/slurmrel"
 )
 
 // TestLinkPlugin runs packaging/link-plugin, as the postinst does, in a
@@ -112,5 +114,72 @@ func writeFile(t *testing.T, path, content string, mode os.FileMode) {
 	}
 	if err := os.WriteFile(path, []byte(content), mode); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLinkPluginParallelCluster: on ParallelCluster nodes Slurm is in
+// /opt/slurm, often outside root's PATH. link-plugin, run with a folder
+// standing in for / (GPUFENCE_ROOT), finds <root>/opt/slurm/sbin/slurmd and
+// links the build of each ParallelCluster release: first a slurmd printing
+// what ParallelCluster's print, then, where this machine has built that
+// release from source (tests/slurmrel, ParallelCluster's prefix layout), the
+// real slurmd of that build.
+func TestLinkPluginParallelCluster(t *testing.T) {
+	script, err := os.ReadFile(filepath.Join(repoRoot(t), "packaging/link-plugin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := t.TempDir()
+	for _, v := range wantReleases(t) {
+		writeFile(t, filepath.Join(lib, "slurm-"+v, "spank_gpufence.so"), "plugin "+v, 0o644)
+	}
+	writeFile(t, filepath.Join(lib, "link-plugin"), string(script), 0o755)
+	link := filepath.Join(lib, "spank_gpufence.so")
+	linkWith := func(t *testing.T, root string) string {
+		t.Helper()
+		c := exec.Command(filepath.Join(lib, "link-plugin"))
+		// No Slurm in PATH, as for a postinst on a ParallelCluster node.
+		c.Env = []string{"PATH=/usr/bin:/bin", "GPUFENCE_ROOT=" + root}
+		out, err := c.CombinedOutput()
+		if err != nil {
+			t.Fatalf("link-plugin with GPUFENCE_ROOT=%s: %v\n%s", root, err, out)
+		}
+		return string(out)
+	}
+	// The releases ParallelCluster 3.9-3.12, 3.13 and 3.16 ship (their
+	// changelogs).
+	for _, tc := range []struct{ pc, version, want string }{
+		{"3.9-3.12", "23.11.4", "23.11"}, {"3.9-3.12", "23.11.7", "23.11"}, {"3.9-3.12", "23.11.10", "23.11"},
+		{"3.13", "24.05.7", "24.05"}, {"3.13", "24.05.8", "24.05"},
+		{"3.16", "25.11.6", "25.11"}, {"3.16", "25.11.8", "25.11"},
+	} {
+		t.Run("ParallelCluster "+tc.pc+" slurm "+tc.version, func(t *testing.T) {
+			root := t.TempDir()
+			writeFile(t, filepath.Join(root, "opt/slurm/sbin/slurmd"), "#!/bin/sh\n[ \"$1\" = -V ] && echo 'slurm "+tc.version+"'\n", 0o755)
+			out := linkWith(t, root)
+			if got, _ := os.Readlink(link); got != "slurm-"+tc.want+"/spank_gpufence.so" {
+				t.Errorf("link -> %q, want slurm-%s/spank_gpufence.so\n%s", got, tc.want, out)
+			}
+			if !strings.Contains(out, root+"/opt/slurm/sbin/slurmd -V") {
+				t.Errorf("link-plugin did not say it asked %s/opt/slurm/sbin/slurmd:\n%s", root, out)
+			}
+		})
+	}
+	for _, v := range []string{"23.11", "24.05", "25.11"} {
+		t.Run("built "+v, func(t *testing.T) {
+			r, err := slurmrel.Lookup(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in, ok := slurmrel.Cached(r)
+			if !ok {
+				t.Skipf("Slurm %s is not built on this machine (make e2e SLURM=%s builds it); the ParallelCluster version strings above cover link-plugin", v, v)
+			}
+			out := linkWith(t, in.StandIn)
+			if got, _ := os.Readlink(link); got != "slurm-"+v+"/spank_gpufence.so" {
+				t.Errorf("real slurmd of %s: link -> %q\n%s", in.Prefix, got, out)
+			}
+			t.Logf("%s", strings.TrimSpace(out))
+		})
 	}
 }

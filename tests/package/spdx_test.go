@@ -6,9 +6,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
+
+var spdxLine = regexp.MustCompile(`(?m)^(//|#|/\*) SPDX-License-Identifier:`)
 
 // TestSPDXHeaders: every source file of ours names its license in its first
 // lines: Apache-2.0 (LICENSE), the BPF program GPL-2.0-only OR BSD-2-Clause
@@ -65,6 +68,9 @@ func TestSPDXHeaders(t *testing.T) {
 		checked++
 		if !strings.Contains(head, want) {
 			t.Errorf("%s: no %q in its first lines", rel, want)
+		}
+		if n := len(spdxLine.FindAllIndex(data, -1)); n > 1 {
+			t.Errorf("%s: %d SPDX lines, want one", rel, n)
 		}
 		return nil
 	})

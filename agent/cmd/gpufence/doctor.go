@@ -45,6 +45,8 @@ the fix:
   plugstack     plugstack.conf (and its includes) loads spank_gpufence.so,
                 required, with valid options and the agent's socket
   slurm-cgroup  ConstrainDevices, CgroupPlugin, ProctrackType, TaskPlugin
+  slurm-layout  the scope and job cgroup names this Slurm release makes
+                (CgroupSlice, SLUID job cgroups) and cgroup.conf keys it refuses
   gres          the agent's GPU table (slurmd -G, cross-checked with gres.conf,
                 as the agent reads it) against /dev and /proc/devices
   nvml          gres.conf against the GPUs the NVIDIA driver reports (NVML), as the agent checks it

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var doctorIDs = []string{"cgroup", "kernel", "bpffs", "slurm-conf", "slurm-plugin", "plugstack", "slurm-cgroup", "gres", "nvml", "agent-socket", "audit"}
+var doctorIDs = []string{"cgroup", "kernel", "bpffs", "slurm-conf", "slurm-plugin", "plugstack", "slurm-cgroup", "slurm-layout", "gres", "nvml", "agent-socket", "audit"}
 
 func TestDoctorUsage(t *testing.T) {
 	for _, tc := range []struct {

@@ -726,8 +726,7 @@ func gatherStatus(cfg config.Config) statusInput {
 		candidates = append(candidates, cfg.Scope)
 	}
 	if mnt, err := jobcgroup.Mountpoint(); err == nil {
-		m, _ := filepath.Glob(filepath.Join(mnt, "system.slice", "*slurmstepd.scope"))
-		candidates = append(candidates, m...)
+		candidates = append(candidates, jobcgroup.FindScopes(mnt)...)
 	}
 	for _, c := range candidates {
 		id, err := jobcgroup.ID(c)

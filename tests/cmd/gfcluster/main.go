@@ -83,6 +83,7 @@ func up(ctx context.Context, args []string) error {
 	root := fs.String("root", "", "work folder (default: a new folder under /var/tmp)")
 	gpus := fs.Int("gpus", 4, "number of fake GPUs")
 	constrain := fs.Bool("constrain-devices", false, "cgroup.conf ConstrainDevices=yes (Slurm's own device filter)")
+	slurm := fs.String("slurm", "", "the Slurm release, e.g. 25.11 or 26.05+jobidpaths (default: $GPUFENCE_SLURM, else 22.05; see tests/slurmrel)")
 	var plugstack, extra multi
 	fs.Var(&plugstack, "plugstack", "a plugstack.conf line (repeatable)")
 	fs.Var(&extra, "slurm-conf", "a line appended to slurm.conf (repeatable)")
@@ -98,7 +99,7 @@ func up(ctx context.Context, args []string) error {
 	}
 	t0 := time.Now()
 	c, err := cluster.Start(ctx, cluster.Options{
-		Root: *root, GPUs: *gpus, ConstrainDevices: *constrain,
+		Root: *root, GPUs: *gpus, ConstrainDevices: *constrain, Slurm: *slurm,
 		Plugstack: plugstack, ExtraSlurmConf: extra, Logf: logf,
 	})
 	if err != nil {
@@ -116,10 +117,10 @@ func up(ctx context.Context, args []string) error {
 	if err := os.WriteFile(currentFile, []byte(c.Root()+"\n"), 0o644); err != nil {
 		return err
 	}
-	logf("cluster up in %s (%s); job user %s; fake GPUs %s; gf-open in %s/bin",
-		c.Root(), time.Since(t0).Round(time.Millisecond), cluster.TestUser,
+	logf("cluster up in %s (%s); Slurm %s (%s); job user %s; fake GPUs %s; gf-open in %s/bin",
+		c.Root(), time.Since(t0).Round(time.Millisecond), c.SlurmVersion(), c.Kind(), cluster.TestUser,
 		strings.Join(c.DevPaths(), " "), c.Root())
-	fmt.Printf("export %s\n", strings.Join(c.Env(), " "))
+	fmt.Printf("export %s PATH=%s\n", strings.Join(c.Env(), " "), c.ToolPATH())
 	return nil
 }
 

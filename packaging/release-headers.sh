@@ -1,0 +1,94 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+# release-headers.sh CACHE - the Slurm header folder of every release in
+# packaging/slurm-releases, fetched or unpacked once into CACHE, printed on
+# stdout one per line in the file's order (build-plugins.sh takes them as
+# they are). A release whose headers cannot be had is an error, never skipped:
+# the packages must hold every listed build.
+#
+# env: SLURM_RELEASES  the major.minor releases to give (default: every line)
+#      SLURM_SRC_DIR   the folder of release tarballs and their SHA256SUMS
+#                      (default: ../shared/slurm-src next to the repository,
+#                      else /work/shared/slurm-src)
+#      SLURM_INCLUDE   this machine's headers (default /usr/include): used
+#                      for a release of the same major.minor, nothing fetched
+#      SLURM_RELEASES_FILE (default packaging/slurm-releases)
+# Debian suites go through packaging/slurm-headers.sh (its env applies).
+set -eu
+
+if [ $# -ne 1 ]; then
+	sed -n '2,17p' "$0" >&2
+	exit 2
+fi
+cache=$1
+here=$(cd "$(dirname "$0")" && pwd)
+list=${SLURM_RELEASES_FILE:-$here/slurm-releases}
+host_inc=${SLURM_INCLUDE:-/usr/include}
+log() { echo "release-headers: $*" >&2; }
+die() {
+	log "$*"
+	exit 1
+}
+
+# mm_of INCLUDE_DIR -> major.minor of its slurm/slurm_version.h
+mm_of() {
+	v=$(sed -n 's/^#[[:space:]]*define[[:space:]][[:space:]]*SLURM_VERSION_NUMBER[[:space:]][[:space:]]*\(0x[0-9a-fA-F]*\).*/\1/p' "$1/slurm/slurm_version.h" 2>/dev/null | head -n1)
+	[ -n "$v" ] || return 1
+	v=$(printf '%d' "$v")
+	printf '%d.%02d\n' $((v >> 16)) $(((v >> 8) & 255))
+}
+
+src_dir() {
+	if [ -n "${SLURM_SRC_DIR:-}" ]; then
+		echo "$SLURM_SRC_DIR"
+		return
+	fi
+	for d in "$here/../../shared/slurm-src" /work/shared/slurm-src; do
+		if [ -f "$d/SHA256SUMS" ]; then
+			(cd "$d" && pwd)
+			return
+		fi
+	done
+	echo ""
+}
+
+[ -f "$list" ] || die "no release list $list"
+known=$(awk '!/^[[:space:]]*(#|$)/ {print $1}' "$list" | tr '\n' ' ')
+want=${SLURM_RELEASES:-$known}
+for r in $want; do
+	case " $known " in
+	*" $r "*) ;;
+	*) die "SLURM_RELEASES names $r, which $list does not list (it lists: $known)" ;;
+	esac
+done
+host_mm=$(mm_of "$host_inc" || true)
+
+awk '!/^[[:space:]]*(#|$)/ {print $1, $2}' "$list" | while read -r mm source; do
+	case " $want " in
+	*" $mm "*) ;;
+	*) continue ;;
+	esac
+	if [ "$mm" = "$host_mm" ]; then
+		log "$mm: this machine's headers in $host_inc"
+		echo "$host_inc"
+		continue
+	fi
+	case $source in
+	debian:*)
+		suite=${source#debian:}
+		"$here/slurm-headers.sh" "$cache" "$suite"
+		inc=$cache/$(cat "$cache/$suite.version")/include
+		;;
+	src:*)
+		tarball=${source#src:}
+		dir=$(src_dir)
+		[ -n "$dir" ] && [ -f "$dir/$tarball" ] ||
+			die "$mm: $tarball not found in ${dir:-../shared/slurm-src or /work/shared/slurm-src}; set SLURM_SRC_DIR to the folder holding it and its SHA256SUMS, or SLURM_RELEASES to the releases to build"
+		inc=$("$here/slurm-src-headers.sh" "$cache" "$dir/$tarball")
+		;;
+	*) die "$list: $mm has source \"$source\", not debian:SUITE or src:TARBALL" ;;
+	esac
+	got=$(mm_of "$inc") || die "$mm: $inc/slurm/slurm_version.h has no SLURM_VERSION_NUMBER"
+	[ "$got" = "$mm" ] || die "$mm: $source gave Slurm $got headers, not $mm; update $list"
+	echo "$inc"
+done
