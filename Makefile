@@ -145,13 +145,22 @@ gpu-test: build ## on a machine with an NVIDIA GPU: inventory vs nvidia-smi, a p
 demo: build ## local Slurm with 4 fake GPUs showing isolation and the denial log (root)
 	$(GO) run ./tests/cmd/gfcluster demo -bin $(BIN)
 
-# BENCH_FLAGS: flags of tests/cmd/gfbench, e.g. BENCH_FLAGS=-quick or
-# BENCH_FLAGS='-rounds 6 -runs 8 -out /tmp/b.json'.
+# make bench: none / ConstrainDevices=yes / gpufence side by side in one run
+# (tests/cmd/gfbench; docs/architecture.md "Step launch cost" tells how to
+# read it): new job, step in an allocation, settle times, a burst of 50
+# concurrent steps, and the agent's own latency per request type. The table
+# goes to stdout, everything (samples, summary, targets) to BENCH_OUT.
+# About 10 minutes; BENCH_FLAGS=-quick checks that it works in about 2.
+# BENCH_FLAGS: flags of tests/cmd/gfbench, e.g. BENCH_FLAGS=-noop adds a
+# SPANK plugin that does nothing as a fourth variant (what Slurm spends on
+# any prolog/epilog plugin), BENCH_FLAGS='-rounds 12 -runs 6'
+# (go run ./tests/cmd/gfbench -h lists them).
 BENCH_FLAGS ?=
+BENCH_OUT ?= build/bench.json
 
 .PHONY: bench
-bench: build ## srun latency with/without gpufence, new job and step in an allocation (root; real Slurm)
-	$(GO) run ./tests/cmd/gfbench -bin $(BIN) $(BENCH_FLAGS)
+bench: build ## launch cost of none / ConstrainDevices=yes / gpufence side by side; table, and JSON in BENCH_OUT=build/bench.json (root; real Slurm; ~10 min, BENCH_FLAGS=-quick ~2)
+	$(GO) run ./tests/cmd/gfbench -bin $(BIN) -out $(BENCH_OUT) $(BENCH_FLAGS)
 
 # Packages (docs/packaging.md). The SPANK entry is built once per Slurm
 # release listed in packaging/slurm-releases (one line each), against that
