@@ -84,7 +84,9 @@ func (s *Slurmd) GPUs(ctx context.Context) (SlurmdView, error) {
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C", "LC_ALL=C"}
 	cmd.Dir = "/"
 	// Its own process group, so that whatever it started dies with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Killed with the agent too (kill -9, OOM): a slurmd -G that hangs must
+	// not outlive it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
 	var out capped

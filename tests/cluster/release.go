@@ -252,6 +252,20 @@ func (c *Cluster) binPath(name string) string {
 	return filepath.Join(prefix, "bin", name)
 }
 
+// SlurmdPath is the cluster's own slurmd as a tool on this host runs it
+// (the agent's `slurmd -G`): the release's build, or the Debian root's
+// through its wrapper; "" on this host's Slurm, where the agent's default
+// (/usr/sbin/slurmd) is right.
+func (c *Cluster) SlurmdPath() string {
+	switch {
+	case c.st.SysRoot != "":
+		return c.path("slurm-bin/slurmd")
+	case c.st.Kind == string(slurmrel.KindSource):
+		return c.binPath("slurmd")
+	}
+	return ""
+}
+
 // pathEnv is the PATH of the cluster's processes: the release's own bin
 // folders first (a batch script's srun is the release's), then the usual.
 func (c *Cluster) pathEnv() string {

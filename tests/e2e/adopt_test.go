@@ -99,7 +99,16 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Declared here so that the restore below can end the jobs first: a
+	// failure midway must not leave them holding the node's two CPUs.
+	work := filepath.Join(st.c.Root(), "work")
+	stop := filepath.Join(work, fmt.Sprintf("adopt-stop-%d", time.Now().UnixNano()))
+	var ids []string
 	defer func() {
+		os.WriteFile(stop, nil, 0o644)
+		if len(ids) > 0 {
+			st.c.Run(st.ctx, "", "scancel", ids...)
+		}
 		st.waitIdle(t)
 		if st.agent.Alive() {
 			st.agent.Stop()
@@ -123,15 +132,12 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 	if err := st.c.RestartSlurmd(false); err != nil {
 		t.Fatal(err)
 	}
-	work := filepath.Join(st.c.Root(), "work")
-	stop := filepath.Join(work, fmt.Sprintf("adopt-stop-%d", time.Now().UnixNano()))
 	script := fmt.Sprintf("#!/bin/sh\n%s -stamp -until %s -sleep 10ms %s > %s/adopt-probe.$SLURM_JOB_ID\nsrun --gres=gpu:1 %s -env %s > %s/adopt-step.$SLURM_JOB_ID\n",
 		st.open, stop, strings.Join(st.c.DevPaths(), " "), work, st.open, strings.Join(st.paths(), " "), work)
 	sh := filepath.Join(work, "adopt.sh")
 	if err := os.WriteFile(sh, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var ids []string
 	for range 2 {
 		id, err := st.c.Sbatch(st.ctx, user, "--gres=gpu:1", "-o", filepath.Join(work, "adopt-%j.out"), sh)
 		if err != nil {

@@ -331,6 +331,10 @@ func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 	if opt.slurmBinDir != "" {
 		yaml += fmt.Sprintf("slurm_bin_dir: %s\n", opt.slurmBinDir)
 	}
+	// The agent never searches PATH for slurmd: a release's own is named.
+	if p := st.c.SlurmdPath(); p != "" {
+		yaml += fmt.Sprintf("slurmd: %s\n", p)
+	}
 	if opt.auditOnly {
 		yaml += "enforcement: audit-only\n"
 	}
