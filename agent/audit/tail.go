@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package audit
 
 import (
@@ -22,6 +24,7 @@ func Tail(args []string, stdout, stderr io.Writer) int {
 	job := fs.Uint("job", 0, "only records of this job id")
 	user := fs.String("user", "", "only records of this user name or uid")
 	denied := fs.Bool("denied", false, "only denied and would-deny accesses")
+	event := fs.String("event", "", "only records of this event (gpu_access, job_adopted, policy_applied, ...; docs/audit.md)")
 	asJSON := fs.Bool("json", false, "print the records as they are (JSON Lines)")
 	var follow bool
 	fs.BoolVar(&follow, "follow", false, "keep printing records as they are written")
@@ -34,7 +37,14 @@ func Tail(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpufence audit tail: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
+	if *event != "" && !knownEvent(Event(*event)) {
+		fmt.Fprintf(stderr, "gpufence audit tail: --event %q: not an event gpufence writes (docs/audit.md lists them)\n", *event)
+		return 2
+	}
 	match := func(r *Record) bool {
+		if *event != "" && string(r.Event) != *event {
+			return false
+		}
 		if *job != 0 && uint(r.JobID) != *job {
 			return false
 		}

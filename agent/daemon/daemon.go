@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package daemon puts the gpufence node agent together from its stages
 // (docs/architecture.md, "The agent's stages"): requests (agent/handler)
 // decide with agent/policy, write the kernel's map (agent/enforcer) and
@@ -19,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/adopt"
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/cgwatch"
 	"github.com/gpufence/gpufence/agent/config"
@@ -55,11 +58,19 @@ type Recorder = events.Recorder
 // NewKernelFilter is the FilterFactory for the real kernel filter; opts
 // holds everything but the scope.
 func NewKernelFilter(opts devfilter.Options) FilterFactory {
-	return func(scope string) (Filter, error) {
+	return func(scope string, prepare func(Filter) error) (Filter, error) {
 		o := opts
 		o.ScopeDir = scope
+		if prepare != nil {
+			o.BeforeAttach = func(f *devfilter.Filter) error { return prepare(f) }
+		}
 		return devfilter.New(o)
 	}
+}
+
+// jobSource is slurmctld as the agent asks it; tests replace it.
+var jobSource = func(cfg config.Config) recovery.JobSource {
+	return &slurm.Controller{SlurmConf: cfg.SlurmConf, Node: cfg.NodeName, BinDir: cfg.SlurmBinDir}
 }
 
 type nopRecorder struct{}
@@ -85,8 +96,17 @@ type Daemon struct {
 	recovery *recovery.Recovery
 	watch    *cgwatch.Watcher
 	users    *users.Cache
+	adopter  *adopt.Adopter
+
+	// adoptions are the running jobs found with no record at start, with
+	// slurmctld's answers, until the filter's attach writes them.
+	adoptMu   sync.Mutex
+	adoptions []adopt.Job
 
 	auditOnly atomic.Bool
+
+	// gresConf is the gres.conf the table was read beside.
+	gresConf string
 
 	persistStop context.CancelFunc
 	persistDone chan struct{}
@@ -111,9 +131,14 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	if err != nil {
 		return nil, err
 	}
-	if d.table, err = gputable.Load(st.GresConf, cfg.NodeName, nvidiaMajor, cfg.NvidiaCapsMajor); err != nil {
+	in := readTableSources(context.Background(), cfg, st.GresConf)
+	if cfg.SlurmdGPUTable == config.SlurmdGPUTableRequired && in.SlurmdErr != nil {
+		return nil, fmt.Errorf("slurmd_gpu_table is required: %w", in.SlurmdErr)
+	}
+	if d.table, err = gputable.Build(in, nvidiaMajor, cfg.NvidiaCapsMajor); err != nil {
 		return nil, err
 	}
+	d.gresConf = st.GresConf
 	d.logTable(st.GresConf)
 
 	if cfg.PinDir != "" {
@@ -137,11 +162,11 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			}
 			d.ev.Read(f, f, adopted)
 		},
-		OnRelease: d.ev.Release,
+		OnRelease:     d.ev.Release,
+		BeforeEnforce: d.beforeEnforce,
 	})
 	if cfg.RecoverFromSlurmctld {
-		d.recovery = &recovery.Recovery{Source: &slurm.Controller{SlurmConf: cfg.SlurmConf, Node: cfg.NodeName, BinDir: cfg.SlurmBinDir},
-			Table: d.table, Node: cfg.NodeName}
+		d.recovery = &recovery.Recovery{Source: jobSource(cfg), Table: d.table, Node: cfg.NodeName}
 	}
 	if d.watch, err = cgwatch.New(); err != nil {
 		d.log.Warn("step ends are found by the periodic reconcile only", "err", err)
@@ -152,8 +177,39 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery, Watcher: d.watch,
 		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
 
+	var asker adopt.Asker
+	if d.recovery != nil {
+		asker = d.recovery
+	}
+	d.adopter = &adopt.Adopter{Log: d.log.With("component", "adopt"), Registry: d.reg, Asker: asker, Table: d.table,
+		Recorder: rec, Users: d.users, Unconfirmed: cfg.AdoptUnconfirmed}
+
 	d.restore()
+	if d.store != nil {
+		// Only a store filled to the end counts as one at the next start.
+		if err := d.store.Commit(); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	if cfg.StateFile != "" {
+		// Now, not at the first job: gpufence status shows the table's source.
+		if err := statefile.Write(cfg.StateFile, d.snapshot()); err != nil {
+			d.log.Error("write the state file (gpufence status reads it while the agent is down)", "file", cfg.StateFile, "err", err)
+		}
+	}
 	if scope := d.enf.FindScope(); scope != "" {
+		// Jobs already running with no record (gpufence put on a busy
+		// node): slurmctld is asked now, and their entries are written
+		// before the filter's program first runs (beforeEnforce).
+		t0 := time.Now()
+		plan := d.adopter.Plan(scope)
+		if len(plan) > 0 {
+			d.log.Info("running jobs found with no record; slurmctld asked", "jobs", len(plan), "took", time.Since(t0))
+		}
+		d.adoptMu.Lock()
+		d.adoptions = plan
+		d.adoptMu.Unlock()
 		if err := d.enf.Ensure(scope); err != nil {
 			d.Close()
 			return nil, err
@@ -170,10 +226,45 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	return d, nil
 }
 
+// readTableSources reads what the GPU table is chosen from: gres.conf,
+// and slurmd's own table (slurmd -G) unless slurmd_gpu_table is off.
+func readTableSources(ctx context.Context, cfg config.Config, gresConf string) gputable.Input {
+	in := gputable.Input{GresConf: gresConf}
+	in.Gres, in.GresErr = slurm.ReadGres(gresConf, cfg.NodeName)
+	if cfg.SlurmdGPUTable == config.SlurmdGPUTableOff {
+		in.SlurmdOff = true
+		return in
+	}
+	bin, err := slurm.FindSlurmd(cfg.Slurmd, cfg.SlurmBinDir, cfg.SlurmConf)
+	if err != nil {
+		in.SlurmdErr = err
+		return in
+	}
+	sd := &slurm.Slurmd{Bin: bin, SlurmConf: cfg.SlurmConf, Node: cfg.NodeName}
+	in.Slurmd, in.SlurmdErr = sd.GPUs(ctx)
+	return in
+}
+
+// logTable logs the table, where it came from and why, and audits a
+// disagreement of its sources.
 func (d *Daemon) logTable(gresConf string) {
+	o := d.table.Origin()
 	gpus := d.table.GPUs()
+	attrs := []any{"source", o.Source, "gpus", len(gpus), "detail", o.Detail, "gres_conf", gresConf}
+	if o.Slurmd != "" {
+		attrs = append(attrs, "slurmd", o.Slurmd)
+	}
+	switch o.Severity {
+	case gputable.SeverityError:
+		d.log.Error("GPU table: Slurm's sources disagree; failing closed: steps that ask for a GPU are refused, CPU-only steps run", append(attrs, "untrusted", o.Untrusted)...)
+	case gputable.SeverityWarning:
+		d.log.Warn("GPU table", attrs...)
+	default:
+		d.log.Info("GPU table", attrs...)
+	}
+	d.auditOrigin(o, "at start")
 	if len(gpus) == 0 {
-		d.log.Warn("no GPU configured for this node in gres.conf; every job gets no GPU", "gres_conf", gresConf, "node", d.cfg.NodeName)
+		d.log.Warn("no GPU for this node in Slurm's GPU table; every job gets no GPU", "source", o.Source, "gres_conf", gresConf, "node", d.cfg.NodeName)
 	}
 	for _, g := range gpus {
 		if g.MIG {
@@ -183,6 +274,42 @@ func (d *Daemon) logTable(gresConf string) {
 		}
 		d.log.Info("gpu", "gpu", g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor))
 	}
+}
+
+// auditOrigin records where the GPU table came from when its sources
+// disagree or one failed; when they agree there is nothing to record.
+func (d *Daemon) auditOrigin(o gputable.Origin, when string) {
+	if o.Kind == "" {
+		return
+	}
+	sev, msg := audit.SeverityWarning, fmt.Sprintf("%s, the GPU table is %s's; GPUs are still given out", when, o.Source)
+	if o.Untrusted != "" {
+		sev, msg = audit.SeverityError, fmt.Sprintf("%s, Slurm's GPU table sources (slurmd -G, gres.conf) cannot be trusted; steps that ask for a GPU are refused", when)
+	}
+	d.rec.Emit(audit.Record{Event: audit.EventGPUTableMismatch, Severity: sev, Message: msg, Error: o.Kind + ": " + o.Detail})
+}
+
+// ReloadGPUTable reads Slurm's GPU table again (on SIGHUP) and compares it
+// with the one in use, which stays: when it changed, or its sources now
+// disagree, steps that ask for a GPU are refused until the agent restarts
+// with the new table; the finding is logged and, when it refuses GPUs,
+// audited. It returns whether the table in use is trusted.
+func (d *Daemon) ReloadGPUTable(ctx context.Context) bool {
+	in := readTableSources(ctx, d.cfg, d.gresConf)
+	msg, ok := d.table.Recheck(in)
+	if ok {
+		d.log.Info("GPU table rechecked", "detail", msg)
+	} else {
+		d.log.Error("GPU table rechecked: failing closed: steps that ask for a GPU are refused, CPU-only steps run", "detail", msg)
+		d.rec.Emit(audit.Record{Event: audit.EventGPUTableMismatch, Severity: audit.SeverityError,
+			Message: "at reload, Slurm's GPU table no longer matches the one in use; steps that ask for a GPU are refused", Error: "table_changed: " + msg})
+	}
+	if d.cfg.StateFile != "" {
+		if err := statefile.Write(d.cfg.StateFile, d.snapshot()); err != nil {
+			d.log.Error("write the state file", "file", d.cfg.StateFile, "err", err)
+		}
+	}
+	return ok
 }
 
 func (d *Daemon) watchStep(cg devfilter.Cgroup) {
@@ -196,7 +323,9 @@ func (d *Daemon) watchStep(cg devfilter.Cgroup) {
 
 // restore takes back what an earlier agent recorded: the pinned store,
 // which survives any crash; where it is new (first start, or an agent that
-// kept only a state file), the state file, copied into the store.
+// kept only a state file), the state file, copied into the store (which
+// New then commits: a crash before that leaves no store, and the next
+// start copies the file again).
 func (d *Daemon) restore() {
 	var jobs []registry.Job
 	var steps []registry.Step
@@ -216,11 +345,18 @@ func (d *Daemon) restore() {
 			if j.Flags&store.FlagRecovered != 0 {
 				rj.Recovered = "slurmctld, before the agent restarted"
 			}
+			switch {
+			case j.Flags&store.FlagUnconfirmedAuditOnly != 0:
+				rj.Unconfirmed, rj.Adopted = registry.UnconfirmedAuditOnly, "not confirmed by slurmctld before the agent restarted"
+			case j.Flags&store.FlagUnconfirmedDeny != 0:
+				rj.Unconfirmed, rj.Adopted = registry.UnconfirmedDeny, "not confirmed by slurmctld before the agent restarted"
+			}
 			jobs = append(jobs, rj)
 		}
 		for _, s := range ss {
 			steps = append(steps, registry.Step{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs,
-				Cgroup: devfilter.Cgroup{ID: s.CgroupID, Path: s.Cgroup}})
+				Cgroup:    devfilter.Cgroup{ID: s.CgroupID, Path: s.Cgroup},
+				AuditOnly: s.Flags&store.StepFlagAuditOnly != 0, Adopted: s.Flags&store.StepFlagAdopted != 0})
 		}
 		from = "the pinned store " + d.cfg.PinDir
 	} else {
@@ -230,10 +366,11 @@ func (d *Daemon) restore() {
 		}
 		if saved != nil {
 			for _, sj := range saved.Jobs {
-				jobs = append(jobs, registry.Job{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, Broken: sj.Broken, NoProlog: sj.NoProlog, Dir: sj.Dir, Created: sj.Created})
+				jobs = append(jobs, registry.Job{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, Broken: sj.Broken, NoProlog: sj.NoProlog,
+					Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: unconfirmed(sj.Unconfirmed), Dir: sj.Dir, Created: sj.Created})
 				for _, ss := range sj.Steps {
 					steps = append(steps, registry.Step{JobID: sj.ID, StepID: ss.ID, UID: ss.UID, GPUs: ss.GPUs,
-						Cgroup: devfilter.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}})
+						Cgroup: devfilter.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}, AuditOnly: ss.AuditOnly, Adopted: ss.Adopted})
 				}
 			}
 			from = "the state file " + d.cfg.StateFile
@@ -252,17 +389,70 @@ func (d *Daemon) restore() {
 	}
 }
 
+// beforeEnforce runs with each filter loaded and not yet enforcing: the
+// recorded steps' entries (again: a crash may have come between a record
+// and its entry), then the adopted jobs'.
+func (d *Daemon) beforeEnforce(f Filter) error {
+	for _, s := range d.reg.Steps() {
+		if id, err := jobcgroup.ID(s.Cgroup.Path); err != nil || id != s.Cgroup.ID {
+			continue // gone: reconcile releases it
+		}
+		var p devfilter.Policy
+		if set, err := d.table.Devices(s.GPUs); err == nil {
+			p = devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
+		}
+		p.AuditOnly = s.AuditOnly
+		if err := f.Set(s.Cgroup, p); err != nil {
+			d.log.Error("restore a step's kernel entry", "job_id", s.JobID, "cgroup", s.Cgroup.Path, "err", err)
+		}
+	}
+	d.adoptMu.Lock()
+	plan := d.adoptions
+	d.adoptions = nil
+	d.adoptMu.Unlock()
+	d.adopter.Apply(plan, f.Set)
+	return nil
+}
+
+// unconfirmed is a state file's unconfirmed mode; anything but audit-only
+// (a damaged or hand-edited file) reads as deny.
+func unconfirmed(s string) string {
+	switch s {
+	case "":
+		return ""
+	case registry.UnconfirmedAuditOnly:
+		return s
+	}
+	return registry.UnconfirmedDeny
+}
+
 func (d *Daemon) snapshot() statefile.File {
-	st := statefile.File{Scope: d.enf.Scope(), Jobs: []statefile.Job{}}
+	st := statefile.File{Scope: d.enf.Scope(), Jobs: []statefile.Job{}, GPUTable: d.tableState()}
 	byJob := map[uint32][]statefile.Step{}
 	for _, s := range d.reg.Steps() {
-		byJob[s.JobID] = append(byJob[s.JobID], statefile.Step{ID: s.StepID, UID: s.UID, CgroupID: s.Cgroup.ID, Cgroup: s.Cgroup.Path, GPUs: s.GPUs})
+		byJob[s.JobID] = append(byJob[s.JobID], statefile.Step{ID: s.StepID, UID: s.UID, CgroupID: s.Cgroup.ID, Cgroup: s.Cgroup.Path, GPUs: s.GPUs,
+			AuditOnly: s.AuditOnly, Adopted: s.Adopted})
 	}
 	for _, j := range d.reg.Jobs() {
 		st.Jobs = append(st.Jobs, statefile.Job{ID: j.ID, UID: j.UID, GPUs: j.GPUs, Broken: j.Broken, NoProlog: j.NoProlog,
-			Dir: j.Dir, Created: j.Created, Steps: byJob[j.ID]})
+			Recovered: j.Recovered, Adopted: j.Adopted, Unconfirmed: j.Unconfirmed, Dir: j.Dir, Created: j.Created, Steps: byJob[j.ID]})
 	}
 	return st
+}
+
+// tableState is the GPU table as gpufence status shows it.
+func (d *Daemon) tableState() *statefile.GPUTable {
+	o := d.table.Origin()
+	t := &statefile.GPUTable{Source: o.Source, Detail: o.Detail, Slurmd: o.Slurmd, GresConf: o.GresConf,
+		AutoDetect: o.AutoDetect, Untrusted: d.table.Untrusted(), GPUs: []statefile.TableGPU{}}
+	for _, g := range d.table.GPUs() {
+		files := g.Files
+		if len(files) == 0 {
+			files = []string{g.Path}
+		}
+		t.GPUs = append(t.GPUs, statefile.TableGPU{Index: g.Index, Type: g.Type, Files: files})
+	}
+	return t
 }
 
 func (d *Daemon) policyMode() string {
@@ -356,10 +546,10 @@ func (d *Daemon) SetInventory(gpus []inventory.GPU) []inventory.Mismatch {
 		d.log.Info("gpu identified by NVML", attrs...)
 	}
 	for _, m := range ms {
-		sev, msg := audit.SeverityWarning, "Slurm's GPU table (gres.conf) and the NVIDIA driver disagree; GPUs are still given out"
+		sev, msg := audit.SeverityWarning, "Slurm's GPU table ("+d.table.Origin().Source+") and the NVIDIA driver disagree; GPUs are still given out"
 		if m.Severity == inventory.SeverityError {
 			d.log.Error("GPU table mismatch", "kind", m.Kind, "detail", m.Message)
-			sev, msg = audit.SeverityError, "Slurm's GPU table (gres.conf) does not match the NVIDIA driver; steps that ask for a GPU are refused"
+			sev, msg = audit.SeverityError, "Slurm's GPU table ("+d.table.Origin().Source+") does not match the NVIDIA driver; steps that ask for a GPU are refused"
 		} else {
 			d.log.Warn("GPU table warning", "kind", m.Kind, "detail", m.Message)
 		}

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package daemon
 
 import (
@@ -22,6 +24,7 @@ import (
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/policy"
+	"github.com/gpufence/gpufence/agent/recovery"
 	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
@@ -164,20 +167,30 @@ func (tr *tree) expect(dir string, allowed ...int) {
 }
 
 func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
+	return tr.daemonWith(mode, nil)
+}
+
+// daemonWith starts a daemon on the tree, with edit applied to its
+// configuration; tr.ctld answers for slurmctld from the start.
+func (tr *tree) daemonWith(mode devfilter.Mode, edit func(*config.Config)) (*Daemon, *logBuffer) {
 	cfg := config.Default()
 	cfg.SlurmConf = filepath.Join(tr.gres, "slurm.conf")
+	// The tree's slurm.conf is no node's: gres.conf alone (slurmd_test.go
+	// tests slurmd -G).
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff
 	cfg.Scope = tr.scope
 	cfg.PinDir = ""
 	cfg.StateFile = filepath.Join(tr.t.TempDir(), "state.json")
 	cfg.FailOpenSpool = ""
+	if edit != nil {
+		edit(&cfg)
+	}
 	buf := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(buf, testWriter{tr.t}), nil))
+	jobSource = func(config.Config) recovery.JobSource { return tr.ctld }
 	d, err := New(cfg, log, NewKernelFilter(devfilter.Options{Mode: mode, NvidiaMajor: 195, Logger: log, AuditAllowed: devfilter.AuditAllowedNone}), 195, tr.rec)
 	if err != nil {
 		tr.t.Fatal(err)
-	}
-	if d.recovery != nil {
-		d.recovery.Source = tr.ctld
 	}
 	tr.t.Cleanup(func() { d.Close() })
 	return d, buf
@@ -424,10 +437,11 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "slurm.conf"), []byte("TaskPlugin=task/cgroup\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "gres.conf"), []byte("Name=gpu File=/dev/nvidia[0-1]\n"), 0o644)
 	cfg := config.Default()
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff // gres.conf alone: slurmd_test.go runs slurmd -G
 	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
-	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string) (Filter, error) {
+	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(string, func(Filter) error) (Filter, error) {
 		return nil, errors.New("no filter in this test")
 	}, 195, nil)
 	if err != nil {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package doctor
 
 import (
@@ -386,6 +388,18 @@ func TestFailures(t *testing.T) {
 			"bpffs", Fail, "/var/lib/gpufence/pins is not on a bpf file system", "set pin_dir below /sys/fs/bpf", nil},
 		{"pin_dir empty", func(n *node) { n.env.Config.PinDir = "" },
 			"bpffs", Warn, "pin_dir is empty", "pin_dir", nil},
+		{"scope link defunct (scope recreated)", func(n *node) {
+			n.env.InspectPins = func(string) (*devfilter.PinnedView, error) {
+				return &devfilter.PinnedView{Pins: []string{"link", "policy", "prog"}, Mode: devfilter.ModeScope,
+					Entries: map[uint64]devfilter.PinnedEntry{}, Link: &devfilter.PinnedLink{ID: 17, CgroupID: 0}}, nil
+			}
+		}, "bpffs", Fail, "the pinned scope link 17 is defunct", "systemctl restart gpufence", nil},
+		{"scope link live", func(n *node) {
+			n.env.InspectPins = func(string) (*devfilter.PinnedView, error) {
+				return &devfilter.PinnedView{Pins: []string{"link", "policy", "prog"}, Mode: devfilter.ModeScope,
+					Entries: map[uint64]devfilter.PinnedEntry{}, Link: &devfilter.PinnedLink{ID: 17, CgroupID: 4242}}, nil
+			}
+		}, "bpffs", OK, "is on bpffs", "", nil},
 		{"socket absent", func(n *node) { n.stopAgent(true) },
 			"agent-socket", Fail, "no socket at /run/gpufence/agent.sock", "gpufence agent", nil},
 		{"socket absent, systemd node", func(n *node) {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package doctor
 
 import (
@@ -217,7 +219,10 @@ func (r *run) checkBPFFS() Check {
 		c.warn("Run gpufence status for the details.", "part of the pinned filter is unreadable: %s", e)
 	}
 	if v.Mode == devfilter.ModeScope && v.Link != nil && v.Link.CgroupID == 0 {
-		c.warn("Restart the agent: it attaches the filter to the current scope.", "the pinned scope link %d is defunct: Slurm's scope was removed since", v.Link.ID)
+		// A link on a removed scope filters nothing: jobs in the scope
+		// made since are not narrowed by it. The agent re-attaches before
+		// it answers a step, so this is a failure, never a note.
+		c.fail("Restart the agent (systemctl restart gpufence): it attaches the filter to the current scope before it answers a step.", "the pinned scope link %d is defunct: Slurm's scope was removed since, so the pinned filter guards no job", v.Link.ID)
 	}
 	return c
 }

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package enforcer is the kernel stage of the agent: it keeps the device
 // filter attached to Slurm's live scope, writes and releases each cgroup's
 // entry, keeps Slurm's own cgroups (system, slurmd) allowed, and removes
@@ -41,8 +43,10 @@ type Filter interface {
 	Close() error
 }
 
-// Factory attaches a filter on Slurm's slurmstepd scope directory.
-type Factory func(scope string) (Filter, error)
+// Factory attaches a filter on Slurm's slurmstepd scope directory. It calls
+// prepare with the loaded filter before the program first runs on the
+// scope (devfilter.Options.BeforeAttach); an error from prepare fails it.
+type Factory func(scope string, prepare func(Filter) error) (Filter, error)
 
 // Recorder receives lifecycle audit records.
 type Recorder interface {
@@ -66,6 +70,12 @@ type Options struct {
 	// flushed, then forgotten). Neither may block.
 	OnAttach  func(Filter)
 	OnRelease func(id uint64, o registry.Owner)
+	// BeforeEnforce, when set, is called with each filter being attached,
+	// after the exempt entries and before the program first runs: the
+	// entries of recorded steps and of running jobs the agent adopts go in
+	// there, so no process of theirs ever meets an empty map. It must not
+	// block.
+	BeforeEnforce func(Filter) error
 }
 
 // Enforcer keeps the filter. Its methods are safe for concurrent use.
@@ -180,8 +190,20 @@ func (e *Enforcer) ensureLocked(scope string) error {
 func (e *Enforcer) attachLocked(scope string) error {
 	e.cleanStaleLocked(scope)
 	id, _ := jobcgroup.ID(scope)
-	f, err := e.o.NewFilter(scope)
+	f, err := e.o.NewFilter(scope, func(f Filter) error {
+		e.filter, e.scope, e.scopeID = f, scope, id
+		e.refreshExemptLocked()
+		if e.o.BeforeEnforce != nil {
+			return e.o.BeforeEnforce(f)
+		}
+		return nil
+	})
 	if err != nil {
+		e.filter, e.scope, e.scopeID = nil, "", 0
+		// Entries prepare made went with the filter.
+		for name := range e.o.Registry.Exempts() {
+			e.o.Registry.SetExempt(name, devfilter.Cgroup{})
+		}
 		err = fmt.Errorf("attach device filter to %s: %w", scope, err)
 		e.lifecycle(audit.EventFilterAttachFailed, audit.SeverityError, "the GPU device filter could not be attached; GPU steps are refused", func(r *audit.Record) {
 			r.Cgroup, r.Error = scope, err.Error()

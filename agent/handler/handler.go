@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package handler answers the SPANK plugin's requests, each in one pass:
 // the request → the policy decision (agent/policy) → the kernel map update
 // (agent/enforcer) → the record (agent/registry) → the reply. It holds no
@@ -167,6 +169,10 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	}
 
 	j, known := h.Registry.Job(jobID)
+	if known && j.Unconfirmed != "" && h.Recovery != nil && h.Recovery.Due(jobID) {
+		h.retryUnconfirmed(j)
+		j, known = h.Registry.Job(jobID)
+	}
 	if (!known || j.NoProlog) && h.Recovery != nil && h.Recovery.Due(jobID) {
 		h.recover(jobID, uid, user)
 		j, known = h.Registry.Job(jobID)
@@ -178,19 +184,29 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	// Slurm makes its stepd parking cgroup when the first step starts.
 	h.Enforcer.RefreshExempt()
 	var pj *policy.Job
+	auditOnly := false
 	if known {
-		if j.UID != uid {
+		if j.UID != uid && !(j.Unconfirmed != "" && j.UID == UnknownUID) {
 			return nil, fmt.Errorf("step %s runs as uid %d but the job's prolog recorded uid %d", name, uid, j.UID)
 		}
 		if j.Broken != "" {
 			return nil, errors.New(j.Broken)
 		}
-		if !j.NoProlog {
+		switch {
+		case j.Unconfirmed == registry.UnconfirmedAuditOnly:
+			// Audited, not enforced: the step gets what it asks for, and
+			// every open beyond that is a would-deny record.
+			pj, auditOnly = &policy.Job{ID: j.ID, UID: uid, GPUs: h.askedFor(stepID, m.StepGpus)}, true
+		case j.Unconfirmed == registry.UnconfirmedDeny:
+		case !j.NoProlog:
 			pj = &policy.Job{ID: j.ID, UID: j.UID, GPUs: j.GPUs}
 		}
 	}
 	dec, err := policy.ForStep(pj, jobID, stepID, m.StepGpus)
 	if err != nil {
+		if known && j.Unconfirmed == registry.UnconfirmedDeny {
+			return nil, fmt.Errorf("job %d has no trusted GPU list on this node (it was running when the gpufence agent started: %s); refusing to start a GPU step", jobID, j.Adopted)
+		}
 		return nil, err
 	}
 	if why := h.Table.Untrusted(); why != "" && len(dec.GPUs) > 0 {
@@ -207,13 +223,22 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	for _, g := range dec.GPUs {
 		resp.Gpus = append(resp.Gpus, uint32(g))
 	}
-	if prev, ok := h.Registry.Step(jobID, stepID); ok && prev.Cgroup.ID == cg.ID && slices.Equal(prev.GPUs, dec.GPUs) {
+	prev, hadPrev := h.Registry.Step(jobID, stepID)
+	if hadPrev && prev.Cgroup.ID == cg.ID && slices.Equal(prev.GPUs, dec.GPUs) && prev.AuditOnly == auditOnly {
 		return resp, nil // a repeated request
 	}
-	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}); err != nil {
+	// The record first, then the kernel entry: a crash between them leaves
+	// a record whose entry the next start writes (beforeEnforce), never an
+	// entry the agent has no record of.
+	placeholder := h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly}, loc.Job)
+	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: auditOnly}); err != nil {
+		h.Registry.RemoveCgroup(cg.ID)
+		if hadPrev && prev.Cgroup.ID == cg.ID {
+			h.Registry.AddStep(prev, loc.Job) // its entry is still the kernel's
+		}
 		return nil, fmt.Errorf("step %s: cannot install its GPU policy: %v", name, err)
 	}
-	if h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs}, loc.Job) {
+	if placeholder {
 		// No prolog (CPU-only use only, see policy.ForStep): the record
 		// lets the step's entry go when it ends.
 		h.emit(audit.EventJobWithoutProlog, audit.SeverityWarning, dec.Note, func(r *audit.Record) {
@@ -223,12 +248,15 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	if h.Watch != nil {
 		h.Watch(cg)
 	}
-	log.Info("step policy applied", "gpus", gpulist.Format(dec.GPUs), "cgroup", cg.Path)
-	h.emit(audit.EventPolicyApplied, audit.SeverityInfo,
-		fmt.Sprintf("job %d step %s may open GPUs [%s]", jobID, policy.StepName(stepID), gpulist.Format(dec.GPUs)), func(r *audit.Record) {
-			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(uid), user
-			r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, dec.GPUs...), cg.Path, cg.ID, h.PolicyMode()
-		})
+	mode, msg := h.PolicyMode(), fmt.Sprintf("job %d step %s may open GPUs [%s]", jobID, policy.StepName(stepID), gpulist.Format(dec.GPUs))
+	if auditOnly {
+		mode, msg = audit.ModeAuditOnly, msg+"; its job is unconfirmed (adopt_unconfirmed: audit-only): any other GPU opens too, audited as would-deny"
+	}
+	log.Info("step policy applied", "gpus", gpulist.Format(dec.GPUs), "cgroup", cg.Path, "audit_only", auditOnly)
+	h.emit(audit.EventPolicyApplied, audit.SeverityInfo, msg, func(r *audit.Record) {
+		r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(uid), user
+		r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, dec.GPUs...), cg.Path, cg.ID, mode
+	})
 	return resp, nil
 }
 
@@ -252,6 +280,20 @@ func (h *Handler) recover(jobID, uid uint32, user string) {
 			r.GPUs = append([]int{}, o.Job.GPUs...)
 		}
 	})
+}
+
+// askedFor is the GPU list a step of an unconfirmed job asks for
+// (SLURM_STEP_GPUS; none for a whole-job step), only as a reply and a policy that is audited, not
+// enforced; indices the table lacks are left out.
+func (h *Handler) askedFor(stepID uint32, stepGPUs *string) []int {
+	if stepGPUs == nil || policy.WholeJobStep(stepID) {
+		return []int{}
+	}
+	gpus, err := gpulist.Parse(*stepGPUs)
+	if err != nil {
+		return []int{}
+	}
+	return slices.DeleteFunc(gpus, func(g int) bool { _, bad := h.Table.Unknown([]int{g}); return bad })
 }
 
 // stepEnd is what older plugins sent at a step's end; the agent now learns

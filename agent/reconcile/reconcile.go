@@ -1,7 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package reconcile keeps the agent's records true to the node between
 // requests: steps whose cgroup Slurm removed (told by inotify at once, and
 // found by a periodic pass when a watch was missed), jobs slurmctld says
-// have ended although their epilog never came, the filter on Slurm's live
+// have ended although their epilog never came, adopted jobs slurmctld
+// could not confirm yet, the filter on Slurm's live
 // scope, entries nobody owns, and the plugin's fail-open spool.
 package reconcile
 
@@ -51,6 +54,7 @@ func (r *Reconciler) Pass() {
 		}
 	}
 	r.Enforcer.ForgetEnded()
+	r.Handler.RetryUnconfirmed()
 	r.dropEnded(time.Now())
 	r.Enforcer.Reconcile()
 }
@@ -72,7 +76,10 @@ func (r *Reconciler) dropEnded(now time.Time) {
 		if since.IsZero() {
 			since = j.Created
 		}
-		gone := false
+		// A record with no Dir (restored from the store, or a prolog no
+		// step followed) is asked about once EndCheckFirst passed:
+		// slurmctld, not the cgroup, decides either way.
+		gone := now.Sub(since) >= EndCheckFirst
 		if j.Dir != "" {
 			_, err := jobcgroup.ID(j.Dir)
 			gone = err != nil

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package recovery asks slurmctld what the agent's own records cannot say:
 // the GPUs of a job whose prolog record is missing (agent down at job
 // start, state lost), and whether a job whose epilog never came has ended.
@@ -31,8 +33,12 @@ type Table interface {
 // for.
 const Retry = 5 * time.Second
 
-// Timeout bounds one question.
-const Timeout = 5 * time.Second
+// Timeout bounds one question. A step of a job the agent holds no record
+// of waits for the answer, so it stays well inside one try of the plugin's
+// default timeout=5 (slurmctld answers in tens of milliseconds when well):
+// a slow slurmctld costs that step a refusal, never the step's whole
+// budget of 1.5 × timeout.
+const Timeout = 3 * time.Second
 
 // Recovery asks slurmctld. Its methods are safe for concurrent use.
 type Recovery struct {
@@ -76,11 +82,25 @@ type Outcome struct {
 	Message  string
 	Severity audit.Severity
 	Err      error
+	// Unreachable: slurmctld could not be asked (down, timed out), as
+	// opposed to an answer that refuses the job (unknown, ended, ambiguous,
+	// another owner). Only this is an outage; the rest say no.
+	Unreachable bool
+	// Ambiguous: slurmctld's answer held lines a job field can fake.
+	Ambiguous bool
 }
 
 // Ask asks slurmctld for the GPUs job id holds on this node. uid is the
 // step's; slurmctld must name the same owner.
-func (r *Recovery) Ask(id, uid uint32) Outcome {
+func (r *Recovery) Ask(id, uid uint32) Outcome { return r.ask(id, &uid, "has no prolog record") }
+
+// Adopt asks slurmctld for the GPUs of job id, found running with no
+// record when the agent started; the owner is slurmctld's.
+func (r *Recovery) Adopt(id uint32) Outcome {
+	return r.ask(id, nil, "was running with no record when the agent started")
+}
+
+func (r *Recovery) ask(id uint32, wantUID *uint32, what string) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
 	defer cancel()
 	cj, err := r.Source.Job(ctx, id)
@@ -88,19 +108,21 @@ func (r *Recovery) Ask(id, uid uint32) Outcome {
 	o := Outcome{Severity: audit.SeverityWarning, Err: err}
 	switch {
 	case errors.As(err, &amb):
-		o.Message, o.Severity = fmt.Sprintf("job %d has no prolog record and slurmctld's answer about it is ambiguous (%s): a job field (name, comment, working directory) holds lines that look like Slurm's own; its steps get no GPU", id, amb.Reason), audit.SeverityError
+		o.Ambiguous = true
+		o.Message, o.Severity = fmt.Sprintf("job %d %s and slurmctld's answer about it is ambiguous (%s): a job field (name, comment, working directory) holds lines that look like Slurm's own; its steps get no GPU", id, what, amb.Reason), audit.SeverityError
 	case errors.Is(err, slurm.ErrJobUnknown):
-		o.Message = fmt.Sprintf("job %d has no prolog record and slurmctld does not know it; its steps get no GPU", id)
+		o.Message = fmt.Sprintf("job %d %s and slurmctld does not know it; its steps get no GPU", id, what)
 	case err != nil:
-		o.Message = fmt.Sprintf("job %d has no prolog record and slurmctld could not be asked (%v); its steps get no GPU", id, err)
+		o.Message, o.Unreachable = fmt.Sprintf("job %d %s and slurmctld could not be asked (%v); its steps get no GPU", id, what, err), true
 	case !cj.Running():
-		o.Message = fmt.Sprintf("job %d has no prolog record and slurmctld says it is %s, not running on %s; its steps get no GPU", id, cj.State, r.Node)
-	case cj.UID != uid:
-		o.Message, o.Severity = fmt.Sprintf("job %d has no prolog record; slurmctld says it belongs to uid %d, its step runs as uid %d; its steps get no GPU", id, cj.UID, uid), audit.SeverityError
+		o.Message = fmt.Sprintf("job %d %s and slurmctld says it is %s, not running on %s; its steps get no GPU", id, what, cj.State, r.Node)
+	case wantUID != nil && cj.UID != *wantUID:
+		o.Message, o.Severity = fmt.Sprintf("job %d %s; slurmctld says it belongs to uid %d, its step runs as uid %d; its steps get no GPU", id, what, cj.UID, *wantUID), audit.SeverityError
 	}
 	if o.Message != "" {
 		return o
 	}
+	uid := cj.UID
 	j := &registry.Job{ID: id, UID: uid, GPUs: cj.GPUs, Recovered: cj.Source, Created: time.Now()}
 	if g, bad := r.Table.Unknown(cj.GPUs); bad {
 		j.Broken = fmt.Sprintf("job %d holds GPU %d per slurmctld, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", id, g)
@@ -108,6 +130,9 @@ func (r *Recovery) Ask(id, uid uint32) Outcome {
 	}
 	o.Job = j
 	o.Message = fmt.Sprintf("job %d had no prolog record; its trusted GPU list [%s] was recovered from slurmctld (%s)", id, formatList(cj.GPUs), cj.Source)
+	if wantUID == nil {
+		o.Message = fmt.Sprintf("job %d %s; slurmctld confirmed its GPU list [%s] (%s)", id, what, formatList(cj.GPUs), cj.Source)
+	}
 	return o
 }
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package registry holds the agent's records of the node: each job's
 // trusted GPU list, each registered step and the cgroup its kernel entry
 // is keyed by, and Slurm's own exempt cgroups. It has its own lock, held
@@ -34,6 +36,13 @@ type Job struct {
 	// Recovered names the slurmctld output the list was read from, when it
 	// did not come from the prolog.
 	Recovered string
+	// Adopted, when set, says the job was running when the agent started
+	// with no record of it, and what came of asking slurmctld.
+	Adopted string
+	// Unconfirmed is how an adopted job whose GPUs slurmctld did not
+	// confirm is handled: UnconfirmedAuditOnly or UnconfirmedDeny; "" for
+	// every other job.
+	Unconfirmed string
 	// Dir is the job's cgroup, once a step showed it.
 	Dir string
 	// Created is when the record was made; Stepless since when it has no
@@ -50,7 +59,19 @@ type Step struct {
 	JobID, StepID, UID uint32
 	Cgroup             devfilter.Cgroup
 	GPUs               []int
+	// AuditOnly: the step's kernel entry allows what GPUs does not grant
+	// and reports it (a step of an unconfirmed job, audit-only).
+	AuditOnly bool
+	// Adopted: the step was running when the agent adopted its job; it
+	// holds the job's whole list.
+	Adopted bool
 }
+
+// How an unconfirmed adopted job is handled (config adopt_unconfirmed).
+const (
+	UnconfirmedAuditOnly = "audit-only"
+	UnconfirmedDeny      = "deny"
+)
 
 // Owner is what a cgroup id stands for, for attributing kernel events.
 type Owner struct {
@@ -159,6 +180,24 @@ func storeFlags(j Job) uint32 {
 	if j.NoProlog {
 		f |= store.FlagNoProlog
 	}
+	switch j.Unconfirmed {
+	case UnconfirmedAuditOnly:
+		f |= store.FlagUnconfirmedAuditOnly
+	case UnconfirmedDeny:
+		f |= store.FlagUnconfirmedDeny
+	}
+	return f
+}
+
+// StepFlags are s's flags in the store.
+func StepFlags(s Step) uint32 {
+	var f uint32
+	if s.AuditOnly {
+		f |= store.StepFlagAuditOnly
+	}
+	if s.Adopted {
+		f |= store.StepFlagAdopted
+	}
 	return f
 }
 
@@ -175,7 +214,7 @@ func (r *Registry) putStepLocked(s *Step) {
 	if r.store == nil {
 		return
 	}
-	if err := r.store.PutStep(store.Step{CgroupID: s.Cgroup.ID, JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs, Cgroup: s.Cgroup.Path}); err != nil {
+	if err := r.store.PutStep(store.Step{CgroupID: s.Cgroup.ID, JobID: s.JobID, StepID: s.StepID, UID: s.UID, Flags: StepFlags(*s), GPUs: s.GPUs, Cgroup: s.Cgroup.Path}); err != nil {
 		r.log.Error("store step record; a crash now would lose its attribution", "job_id", s.JobID, "err", err)
 	}
 }
@@ -205,14 +244,15 @@ func (r *Registry) Prolog(j Job) {
 
 // Recovered records j, whose list slurmctld gave, unless a record with a
 // trusted list exists (a prolog came meanwhile); a placeholder's steps are
-// kept. It reports whether j was recorded.
+// kept. It reports whether j was recorded. An unconfirmed adopted job's
+// record is replaced by Confirm, not here.
 func (r *Registry) Recovered(j Job) bool {
 	j.GPUs = slices.Clone(j.GPUs)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	nj := &job{Job: j, steps: map[uint32]*Step{}}
 	if old, ok := r.jobs[j.ID]; ok {
-		if !old.NoProlog {
+		if !old.NoProlog || old.Unconfirmed != "" {
 			return false
 		}
 		nj.steps, nj.Dir = old.steps, old.Dir
@@ -221,6 +261,86 @@ func (r *Registry) Recovered(j Job) bool {
 	r.jobs[j.ID] = nj
 	r.publishLocked()
 	return true
+}
+
+// Adopt records a running job the agent found with no record at start,
+// with the steps it found, unless a record exists meanwhile. It reports
+// whether it recorded the job.
+func (r *Registry) Adopt(j Job, steps []Step) bool {
+	j.GPUs = slices.Clone(j.GPUs)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.jobs[j.ID]; ok {
+		return false
+	}
+	nj := &job{Job: j, steps: map[uint32]*Step{}}
+	r.putJobLocked(j)
+	for _, s := range steps {
+		s.GPUs = slices.Clone(s.GPUs)
+		st := s
+		r.putStepLocked(&st)
+		nj.steps[s.StepID] = &st
+		r.owners[s.Cgroup.ID] = Owner{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs}
+	}
+	if len(nj.steps) == 0 {
+		nj.Stepless = time.Now()
+	}
+	r.jobs[j.ID] = nj
+	r.publishLocked()
+	return true
+}
+
+// Confirm replaces an unconfirmed adopted job's record with j, whose list
+// slurmctld has now given, and narrows its steps to it: an adopted step
+// holds the whole list, a later one what it asked for within it. It
+// returns the steps as they now are, for their kernel entries; ok is false
+// when the job is not (or no longer) unconfirmed.
+func (r *Registry) Confirm(j Job) (steps []Step, ok bool) {
+	j.GPUs = slices.Clone(j.GPUs)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old, had := r.jobs[j.ID]
+	if !had || old.Unconfirmed == "" {
+		return nil, false
+	}
+	j.Dir, j.Stepless = old.Dir, old.Stepless
+	old.Job = j
+	r.putJobLocked(j)
+	for _, s := range old.steps {
+		if s.Adopted {
+			s.GPUs = slices.Clone(j.GPUs)
+		} else {
+			s.GPUs = slices.DeleteFunc(slices.Clone(s.GPUs), func(g int) bool { return !slices.Contains(j.GPUs, g) })
+		}
+		s.AuditOnly = false
+		r.putStepLocked(s)
+		r.owners[s.Cgroup.ID] = Owner{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs}
+		steps = append(steps, *s)
+	}
+	r.publishLocked()
+	return steps, true
+}
+
+// Deny turns an unconfirmed adopted job to deny with why (slurmctld's
+// later answer was ambiguous): its steps hold no GPU. It returns the steps
+// for their kernel entries; ok is false when the job is not unconfirmed.
+func (r *Registry) Deny(id uint32, why string) (steps []Step, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j, had := r.jobs[id]
+	if !had || j.Unconfirmed == "" {
+		return nil, false
+	}
+	j.Unconfirmed, j.Adopted, j.GPUs = UnconfirmedDeny, why, []int{}
+	r.putJobLocked(j.Job)
+	for _, s := range j.steps {
+		s.GPUs, s.AuditOnly = []int{}, false
+		r.putStepLocked(s)
+		r.owners[s.Cgroup.ID] = Owner{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs}
+		steps = append(steps, *s)
+	}
+	r.publishLocked()
+	return steps, true
 }
 
 // Job returns job id's record.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package statefile is the agent's saved state: which job, step and user
 // each kernel entry belongs to, kept across agent restarts. The agent
 // writes it; `gpufence status` reads it.
@@ -21,18 +23,47 @@ type File struct {
 	Version int    `json:"version"`
 	Scope   string `json:"scope,omitempty"`
 	Jobs    []Job  `json:"jobs"`
+	// GPUTable is the GPU table the agent uses and where it came from.
+	GPUTable *GPUTable `json:"gpu_table,omitempty"`
+}
+
+// GPUTable is the agent's GPU table: its source (slurmd -G or gres.conf),
+// why, and whether it gives GPUs out.
+type GPUTable struct {
+	Source     string `json:"source"`
+	Detail     string `json:"detail,omitempty"`
+	Slurmd     string `json:"slurmd,omitempty"`
+	GresConf   string `json:"gres_conf,omitempty"`
+	AutoDetect string `json:"autodetect,omitempty"`
+	// Untrusted is why no step gets a GPU ("" when GPUs are given out).
+	Untrusted string     `json:"untrusted,omitempty"`
+	GPUs      []TableGPU `json:"gpus"`
+}
+
+// TableGPU is one of Slurm's GPU indices and its device files.
+type TableGPU struct {
+	Index int      `json:"index"`
+	Type  string   `json:"type,omitempty"`
+	Files []string `json:"files"`
 }
 
 // Job is one job on the node.
 type Job struct {
-	ID       uint32    `json:"id"`
-	UID      uint32    `json:"uid"`
-	GPUs     []int     `json:"gpus"`
-	Broken   string    `json:"broken,omitempty"`
-	NoProlog bool      `json:"no_prolog,omitempty"`
-	Dir      string    `json:"dir,omitempty"`
-	Created  time.Time `json:"created"`
-	Steps    []Step    `json:"steps,omitempty"`
+	ID       uint32 `json:"id"`
+	UID      uint32 `json:"uid"`
+	GPUs     []int  `json:"gpus"`
+	Broken   string `json:"broken,omitempty"`
+	NoProlog bool   `json:"no_prolog,omitempty"`
+	// Recovered names the slurmctld output the list came from, when not
+	// the prolog; Adopted, for a job found running at agent start, what
+	// slurmctld said; Unconfirmed how such a job is handled when slurmctld
+	// did not confirm it (audit-only, deny).
+	Recovered   string    `json:"recovered,omitempty"`
+	Adopted     string    `json:"adopted,omitempty"`
+	Unconfirmed string    `json:"unconfirmed,omitempty"`
+	Dir         string    `json:"dir,omitempty"`
+	Created     time.Time `json:"created"`
+	Steps       []Step    `json:"steps,omitempty"`
 }
 
 // Step is one registered step and the cgroup its kernel entry is keyed by.
@@ -42,6 +73,9 @@ type Step struct {
 	CgroupID uint64 `json:"cgroup_id"`
 	Cgroup   string `json:"cgroup"`
 	GPUs     []int  `json:"gpus"`
+	// AuditOnly: the kernel entry allows what GPUs does not and reports it.
+	AuditOnly bool `json:"audit_only,omitempty"`
+	Adopted   bool `json:"adopted,omitempty"`
 }
 
 // Read reads path; exists is false (and err nil) when there is no file.

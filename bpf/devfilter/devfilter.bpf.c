@@ -46,6 +46,10 @@
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 #define POLICY_ALLOW_ALL (1U << 0)
+// A cgroup whose job the agent adopted without slurmctld confirming its GPUs
+// (adopt_unconfirmed: audit-only): what it may not open is reported as
+// would-deny and allowed, for that cgroup alone.
+#define POLICY_AUDIT_ONLY (1U << 1)
 
 // Minors 254 (nvidia-modeset) and 255 (nvidiactl) are needed by every CUDA
 // process and are never narrowed.
@@ -442,7 +446,7 @@ static __always_inline int decide(const struct bpf_cgroup_dev_ctx *ctx,
 		else if (cfg->audit_allowed != AUDIT_ALLOWED_ALL)
 			return 1;
 		decision = DECISION_ALLOWED;
-	} else if (cfg->audit_only) {
+	} else if (cfg->audit_only || (p && (p->flags & POLICY_AUDIT_ONLY))) {
 		decision = DECISION_WOULD_DENY;
 	} else {
 		decision = DECISION_DENIED;

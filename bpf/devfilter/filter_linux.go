@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package devfilter
 
 import (
@@ -241,6 +243,11 @@ func New(opts Options) (_ *Filter, err error) {
 			return nil, err
 		}
 	}
+	if opts.Mode == ModeScope && opts.BeforeAttach != nil {
+		if err := opts.BeforeAttach(f); err != nil {
+			return nil, fmt.Errorf("device filter: before attaching: %w", err)
+		}
+	}
 	switch {
 	case opts.Mode == ModeScope && prev != nil && prev.link != nil:
 		// BPF_LINK_UPDATE: the kernel swaps the program of the attachment
@@ -267,6 +274,11 @@ func New(opts Options) (_ *Filter, err error) {
 		}
 	}
 	f.adopted = prev != nil
+	if opts.Mode == ModePerCgroup && opts.BeforeAttach != nil {
+		if err := opts.BeforeAttach(f); err != nil {
+			return nil, fmt.Errorf("device filter: after taking over pinned links: %w", err)
+		}
+	}
 	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
 		"pin_dir", opts.PinDir, "adopted", f.adopted, "adopted_links", len(f.attached),
 		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor, "audit_only", opts.AuditOnly,

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package devfilter
 
 import (
@@ -595,5 +597,50 @@ func TestPrivilegedNewRejectsNonCgroupScope(t *testing.T) {
 	dir := t.TempDir()
 	if _, err := New(Options{Mode: ModeScope, ScopeDir: dir}); err == nil || !strings.Contains(err.Error(), "not in a cgroup2") {
 		t.Fatalf("New with scope %s: %v, want a not-cgroup2 error", dir, err)
+	}
+}
+
+// A policy with AuditOnly allows what it does not grant, reported as
+// would-deny, for its cgroup alone; BeforeAttach's entries are in the map
+// before the program first runs.
+func TestPrivilegedPolicyAuditOnly(t *testing.T) {
+	for _, mode := range []Mode{ModeScope, ModePerCgroup} {
+		t.Run(string(mode), func(t *testing.T) {
+			fx := newFixture(t)
+			requireMode(t, mode)
+			adopted, other := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "job_2/step_0")
+			called := false
+			f := newFilter(t, Options{Mode: mode, ScopeDir: fx.scope, BeforeAttach: func(f *Filter) error {
+				called = true
+				if mode == ModeScope {
+					// Not attached yet: nothing is narrowed.
+					fx.expectGPUs(t, "job_2/step_0/user/task_0", 0, 1, 2, 3)
+				}
+				if err := f.Set(adopted, Policy{AuditOnly: true, GPUMinors: []uint32{1}}); err != nil {
+					return err
+				}
+				return f.Set(other, Policy{GPUMinors: []uint32{2}})
+			}})
+			if !called {
+				t.Fatal("BeforeAttach was not called")
+			}
+			events := collectEvents(f)
+			pid := fx.expectGPUs(t, "job_1/step_0/user/task_0", 0, 1, 2, 3)
+			fx.expectGPUs(t, "job_2/step_0/user/task_0", 2)
+			e := events.wait(t, "audit-only open of nvidia0", func(e Event) bool { return int(e.TGID) == pid && e.Minor == 0 })
+			if e.Decision != DecisionWouldDeny || e.CgroupID != adopted.ID {
+				t.Errorf("event = %+v, want would_deny in cgroup %d", e, adopted.ID)
+			}
+			got, err := f.Policies()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := got[adopted.ID]; !p.AuditOnly || fmt.Sprint(p.GPUMinors) != "[1]" {
+				t.Errorf("Policies()[adopted] = %+v, want audit-only with minor 1", p)
+			}
+			if p := got[other.ID]; p.AuditOnly {
+				t.Errorf("Policies()[other] = %+v: audit-only leaked to another cgroup", p)
+			}
+		})
 	}
 }

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package devfilter loads gpufence's cgroup device filter into the kernel,
 // attaches it, writes per-cgroup GPU policies (GPU minors of the NVIDIA
 // major, MIG capability minors of the nvidia-caps major) into its maps and
@@ -76,6 +78,13 @@ type Options struct {
 	CapsMajor uint32
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
+	// BeforeAttach, when set, is called with the loaded, configured and
+	// pinned filter before its program is attached to the scope, so that
+	// what it sets (the entries of running jobs the agent adopts, Slurm's
+	// exempt cgroups) is in the map from the program's first run. In
+	// ModePerCgroup, where every Set attaches, it is called after pinned
+	// links are taken over. An error fails New.
+	BeforeAttach func(*Filter) error
 	// AuditOnly allows every access and reports each one the policy would
 	// have denied as DecisionWouldDeny (for rollouts).
 	AuditOnly bool
@@ -177,6 +186,10 @@ type Cgroup struct {
 // Policy says which GPU devices a cgroup may open.
 type Policy struct {
 	AllowAll bool
+	// AuditOnly allows what the policy does not and reports it as
+	// would-deny, for this cgroup alone (a job adopted without slurmctld's
+	// confirmation, adopt_unconfirmed: audit-only).
+	AuditOnly bool
 	// GPUMinors are minors of the NVIDIA major, 0..253; sorted when returned.
 	GPUMinors []uint32
 	// CapsMinors are minors of the nvidia-caps major (MIG GPU and compute
@@ -185,7 +198,10 @@ type Policy struct {
 	CapsMinors []uint32
 }
 
-const policyAllowAll = 1 << 0
+const (
+	policyAllowAll  = 1 << 0
+	policyAuditOnly = 1 << 1
+)
 
 // bitmaps encodes the minors as the program reads them: bit n of word n/64.
 func (p Policy) bitmaps() (gpus [4]uint64, caps [capsWords]uint64, err error) {
@@ -208,14 +224,18 @@ func (p Policy) bitmaps() (gpus [4]uint64, caps [capsWords]uint64, err error) {
 }
 
 func (p Policy) flags() uint32 {
+	var f uint32
 	if p.AllowAll {
-		return policyAllowAll
+		f |= policyAllowAll
 	}
-	return 0
+	if p.AuditOnly {
+		f |= policyAuditOnly
+	}
+	return f
 }
 
 func policyFromBitmaps(flags uint32, gpus []uint64, caps []uint64) Policy {
-	return Policy{AllowAll: flags&policyAllowAll != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
+	return Policy{AllowAll: flags&policyAllowAll != 0, AuditOnly: flags&policyAuditOnly != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
 }
 
 func bitsOf(words []uint64) []uint32 {

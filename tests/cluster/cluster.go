@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cluster runs a real single-node Slurm (Debian's 22.05 packages) on
 // this machine for end-to-end tests: munged, slurmctld and slurmd started by
 // PID, fake GPU device nodes under the cluster's own folder, and cleanup of
@@ -118,6 +120,10 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	if c.lock, err = takeLock(ctx); err != nil {
 		return nil, err
+	}
+	if err := reapStale(c.logf, ""); err != nil {
+		c.lock.Close()
+		return nil, fmt.Errorf("a stale test cluster is left and could not be cleaned: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -664,6 +670,8 @@ func (c *Cluster) Run(ctx context.Context, usr string, name string, args ...stri
 // RunEnv is Run with extra environment variables (for example forged
 // SLURM_JOB_GPUS).
 func (c *Cluster) RunEnv(ctx context.Context, usr string, extraEnv []string, name string, args ...string) Result {
+	ctx, cancel := context.WithTimeout(ctx, CommandTimeout)
+	defer cancel()
 	res := Result{Cmd: strings.Join(append([]string{name}, args...), " "), Code: -1}
 	if usr != "" {
 		res.Cmd = usr + "$ " + res.Cmd
@@ -742,9 +750,16 @@ func (c *Cluster) Sbatch(ctx context.Context, usr string, args ...string) (strin
 	return id, nil
 }
 
+// CommandTimeout bounds each client command (srun, sbatch, squeue…) and
+// each WaitJob, so a job that never starts fails the test that made it
+// instead of hanging the suite.
+const CommandTimeout = 5 * time.Minute
+
 // WaitJob waits until job id has left squeue and returns its final
 // JobState from scontrol (COMPLETED, FAILED, …).
 func (c *Cluster) WaitJob(ctx context.Context, id string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, CommandTimeout)
+	defer cancel()
 	for {
 		r := c.Run(ctx, "", "squeue", "-h", "-j", id, "-o", "%T")
 		if (r.Code == 0 && strings.TrimSpace(r.Stdout) == "") || strings.Contains(r.Stderr, "Invalid job id") {

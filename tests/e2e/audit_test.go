@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -46,7 +48,13 @@ func (st *suite) waitRecords(t *testing.T, job uint32, done func([]audit.Record)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		mine = mine[:0]
-		for _, r := range readAudit(t, st.auditFiles[len(st.auditFiles)-1]) {
+		path := st.auditFiles[len(st.auditFiles)-1]
+		if _, err := os.Stat(path); os.IsNotExist(err) && time.Now().Before(deadline) {
+			// A just-started agent opens its audit file with its first record.
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		for _, r := range readAudit(t, path) {
 			if r.JobID == job {
 				mine = append(mine, r)
 			}

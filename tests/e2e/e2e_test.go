@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package e2e drives the whole product against a real Slurm 22.05 on this
 // machine: real slurmctld, slurmd and slurmstepd loading the SPANK plugin,
 // the real agent, and the kernel enforcing the device filter on fake GPUs
@@ -110,20 +112,26 @@ func get(t *testing.T) *suite {
 }
 
 func start(t *testing.T) (*suite, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	// The suite's commands run under a context that only its end cancels:
+	// each command has its own limit (cluster.CommandTimeout), so one stuck
+	// job fails its test, not every test after the first 20 minutes.
+	// Waiting for the cluster lock and building are bounded apart.
+	ctx, cancel := context.WithCancel(context.Background())
+	setupCtx, setupCancel := context.WithTimeout(ctx, 20*time.Minute)
+	defer setupCancel()
 	var err error
-	if setup, err = cluster.Ensure(ctx, t.Logf); err != nil {
+	if setup, err = cluster.Ensure(setupCtx, t.Logf); err != nil {
 		cancel()
 		return nil, err
 	}
-	gf, plugin, err := binaries(ctx)
+	gf, plugin, err := binaries(setupCtx)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
 	t.Logf("testing %s and %s", gf, plugin)
 	st := &suite{gpufence: gf, plugin: plugin, ctx: ctx, cancel: cancel}
-	c, err := cluster.Start(ctx, cluster.Options{Logf: t.Logf})
+	c, err := cluster.Start(setupCtx, cluster.Options{Logf: t.Logf})
 	if err != nil {
 		cancel()
 		return nil, err
@@ -142,7 +150,7 @@ func start(t *testing.T) (*suite, error) {
 		return nil, fmt.Errorf("mount bpffs: %v %s", err, out)
 	}
 	st.bpffsMounted = true
-	if st.open, err = c.BuildTool(ctx, "gf-open"); err != nil {
+	if st.open, err = c.BuildTool(setupCtx, "gf-open"); err != nil {
 		st.stop()
 		return nil, err
 	}
@@ -938,45 +946,62 @@ func TestPrivilegedStaleEntriesCleaned(t *testing.T) {
 	}
 }
 
-// TestPrivilegedLostStateRecovered: the agent is killed and its saved state
-// is lost while a job runs; the restarted agent recovers the job's trusted
-// GPU list from slurmctld when the job's next step starts, and audits that.
+// TestPrivilegedLostStateRecovered: the agent is killed while a job runs.
+// With only its state file lost, the restarted agent has every record from
+// its pinned store and asks slurmctld nothing. With the store lost too, it
+// finds the running job with no record and adopts it before enforcing:
+// slurmctld's GPUs for it, audited as job_adopted; its next step gets them.
 func TestPrivilegedLostStateRecovered(t *testing.T) {
 	st := get(t)
 	release := st.hold(t, 1)
 	defer release()
 	q := st.c.Run(st.ctx, "", "squeue", "-h", "-t", "R", "-o", "%i", "--sort=-i")
 	id := strings.Fields(q.Stdout)[0]
-	if err := syscall.Kill(st.agent.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(500 * time.Millisecond)
-	if err := os.Remove(filepath.Join(st.c.Root(), "run", "agent-state.json")); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.startAgent(); err != nil {
-		t.Fatal(err)
-	}
-	r := st.c.Run(st.ctx, user, "srun", append([]string{"--jobid=" + id, "--gres=gpu:1", "--overlap", st.open, "-env"}, st.paths()...)...)
-	mustOK(t, r)
-	rep := cluster.ParseOpen(r.Stdout)
-	st.expectGPUs(t, rep, gpusOf(t, rep, "SLURM_STEP_GPUS"))
 	jobID, _ := strconv.ParseUint(id, 10, 32)
-	recs := st.waitRecords(t, uint32(jobID), func(rs []audit.Record) bool {
-		for _, r := range rs {
-			if r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld") {
-				return true
+	want := st.allocated(t)[uint32(jobID)]
+	if len(want) != 1 {
+		t.Fatalf("slurmctld says job %s holds %v", id, want)
+	}
+	step := func(t *testing.T) {
+		t.Helper()
+		r := st.c.Run(st.ctx, user, "srun", append([]string{"--jobid=" + id, "--gres=gpu:1", "--overlap", st.open, "-env"}, st.paths()...)...)
+		mustOK(t, r)
+		rep := cluster.ParseOpen(r.Stdout)
+		st.expectGPUs(t, rep, want)
+	}
+	recovered := func(r audit.Record) bool {
+		return r.Event == audit.EventJobAdopted || (r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld"))
+	}
+
+	t.Run("state file lost", func(t *testing.T) {
+		st.killAgent(t)
+		st.loseRecords(t, false)
+		if err := st.startAgent(); err != nil {
+			t.Fatal(err)
+		}
+		step(t)
+		for _, r := range readAudit(t, st.auditFiles[len(st.auditFiles)-1]) {
+			if r.JobID == uint32(jobID) && recovered(r) {
+				t.Errorf("the store kept the record, yet: %s", r.Message)
 			}
 		}
-		return false
+		if b, _ := os.ReadFile(st.agent.Log); !strings.Contains(string(b), "from=\"the pinned store") {
+			t.Errorf("the agent did not restore from its pinned store:\n%s", tailLines(string(b), 30))
+		}
 	})
-	found := false
-	for _, r := range recs {
-		found = found || (r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld"))
-	}
-	if !found {
-		t.Errorf("no audit record of the recovery: %+v", recs)
-	}
+
+	t.Run("state file and store lost", func(t *testing.T) {
+		st.killAgentLoseState(t, agentOpts{})
+		recs := st.waitRecords(t, uint32(jobID), func(rs []audit.Record) bool {
+			return slices.ContainsFunc(rs, func(r audit.Record) bool { return r.Event == audit.EventJobAdopted })
+		})
+		for _, r := range recs {
+			if r.Event == audit.EventJobAdopted && (r.Severity != audit.SeverityInfo || !slices.Equal(r.GPUs, want)) {
+				t.Errorf("adoption record %q names GPUs %v, want %v (slurmctld's)", r.Message, r.GPUs, want)
+			}
+		}
+		step(t)
+	})
 }
 
 // TestPrivilegedSlurmdRestart: slurmd restarted while a job runs: the job's

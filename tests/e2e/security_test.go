@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
@@ -247,11 +249,14 @@ func TestPrivilegedForgedFieldsLostRecord(t *testing.T) {
 		attackerSteps(t, mine)
 	})
 
-	t.Run("state file lost with kill -9", func(t *testing.T) {
+	t.Run("records lost with kill -9", func(t *testing.T) {
 		st.killAgentLoseState(t, agentOpts{})
 		attackerSteps(t, mine)
+		// Recovered at the next step, or adopted at the agent's start when
+		// the job's cgroup was there.
 		r := recordOf(t, func(r audit.Record) bool {
-			return r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld")
+			return (r.Event == audit.EventJobWithoutProlog && strings.Contains(r.Message, "recovered from slurmctld")) ||
+				(r.Event == audit.EventJobAdopted && strings.Contains(r.Message, "confirmed"))
 		})
 		switch {
 		case r == nil:
@@ -261,7 +266,7 @@ func TestPrivilegedForgedFieldsLostRecord(t *testing.T) {
 		}
 	})
 
-	t.Run("state lost, only text from slurmctld", func(t *testing.T) {
+	t.Run("records lost, only text from slurmctld", func(t *testing.T) {
 		// Clients that print no JSON, as a build without the JSON
 		// serializer: the agent sees the real scontrol text with the
 		// forged lines, finds it ambiguous and gives no GPU.
@@ -288,7 +293,7 @@ func TestPrivilegedForgedFieldsLostRecord(t *testing.T) {
 			t.Errorf("GPU step of a job slurmctld could not vouch for: %s", r)
 		}
 		if r := recordOf(t, func(r audit.Record) bool {
-			return r.Event == audit.EventJobWithoutProlog && r.Severity == audit.SeverityError && strings.Contains(r.Message, "ambiguous")
+			return (r.Event == audit.EventJobWithoutProlog || r.Event == audit.EventJobAdopted) && r.Severity == audit.SeverityError && strings.Contains(r.Message, "ambiguous")
 		}); r == nil {
 			t.Error("no error record saying slurmctld's answer was ambiguous")
 		} else {
@@ -333,8 +338,19 @@ func TestPrivilegedForgedFieldsLostRecord(t *testing.T) {
 }
 
 // killAgentLoseState kills the agent with SIGKILL, removes its state file
-// and starts it again with o.
+// and its pinned records (the store: the filter's own pins stay, so the
+// kernel keeps enforcing), and starts it again with o.
 func (st *suite) killAgentLoseState(t *testing.T, o agentOpts) {
+	t.Helper()
+	st.killAgent(t)
+	st.loseRecords(t, true)
+	if err := st.startAgent(o); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// killAgent kills the agent with SIGKILL and waits until it is gone.
+func (st *suite) killAgent(t *testing.T) {
 	t.Helper()
 	if err := syscall.Kill(st.agent.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -342,11 +358,22 @@ func (st *suite) killAgentLoseState(t *testing.T, o agentOpts) {
 	for i := 0; st.agent.Alive() && i < 50; i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := os.Remove(filepath.Join(st.c.Root(), "run", "agent-state.json")); err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
+}
+
+// loseRecords removes the stopped agent's state file and, with store, its
+// pinned records.
+func (st *suite) loseRecords(t *testing.T, store bool) {
+	t.Helper()
+	files := []string{filepath.Join(st.c.Root(), "run", "agent-state.json")}
+	if store {
+		for _, pin := range []string{"store_jobs", "store_steps"} {
+			files = append(files, filepath.Join(st.bpffs, "gpufence", pin))
+		}
 	}
-	if err := st.startAgent(o); err != nil {
-		t.Fatal(err)
+	for _, f := range files {
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
 	}
 }
 

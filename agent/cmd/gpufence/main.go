@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gpufence is the gpufence node agent and its command-line tools.
 package main
 
@@ -339,11 +341,16 @@ func policyMode(cfg config.Config) string {
 	return audit.ModeEnforce
 }
 
-// onHangup reopens the audit file (logrotate) and applies the
-// configuration's enforcement mode; other settings need a restart.
+// onHangup reopens the audit file (logrotate), applies the
+// configuration's enforcement mode and rechecks Slurm's GPU table (slurmd
+// -G, gres.conf) against the one in use; other settings need a restart.
 func onHangup(d *daemon.Daemon, rec *audit.Pipeline, log *slog.Logger, reload func() (config.Config, error)) {
 	if err := rec.Reopen(); err != nil {
 		log.Error("reopen audit file", "err", err)
+	}
+	table := "; GPU table rechecked, unchanged"
+	if !d.ReloadGPUTable(context.Background()) {
+		table = "; GPU table rechecked: it changed or its sources disagree, steps that ask for a GPU are refused until the agent restarts"
 	}
 	cfg, err := reload()
 	msg := "audit file reopened"
@@ -357,5 +364,5 @@ func onHangup(d *daemon.Daemon, rec *audit.Pipeline, log *slog.Logger, reload fu
 	} else {
 		msg += "; enforcement is " + cfg.Enforcement
 	}
-	rec.Emit(audit.Record{Event: audit.EventConfigReload, Severity: audit.SeverityNotice, PolicyMode: policyMode(cfg), Message: msg})
+	rec.Emit(audit.Record{Event: audit.EventConfigReload, Severity: audit.SeverityNotice, PolicyMode: policyMode(cfg), Message: msg + table})
 }

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -130,6 +132,10 @@ type statusReport struct {
 	// OtherEntries are the kernel entries no step of the state owns, by
 	// cgroup id: exempt cgroups (fine) and mismatches (Problem set).
 	OtherEntries []entryReport `json:"other_entries"`
+	// GPUTable is the agent's GPU table and where it came from (slurmd -G
+	// or gres.conf), as of the agent's last state write; null when the
+	// state file does not say.
+	GPUTable *statefile.GPUTable `json:"gpu_table"`
 }
 
 // agentReport is the agent socket.
@@ -204,10 +210,15 @@ type jobReport struct {
 	// User is the uid's name, "" if unknown.
 	User string `json:"user,omitempty"`
 	// GPUs are the job's trusted GPUs (indexes of gres.conf).
-	GPUs     []int        `json:"gpus"`
-	NoProlog bool         `json:"no_prolog,omitempty"`
-	Broken   string       `json:"broken,omitempty"`
-	Steps    []stepReport `json:"steps"`
+	GPUs     []int  `json:"gpus"`
+	NoProlog bool   `json:"no_prolog,omitempty"`
+	Broken   string `json:"broken,omitempty"`
+	// Recovered, Adopted and Unconfirmed: where the list came from when
+	// not the prolog (statefile.Job).
+	Recovered   string       `json:"recovered,omitempty"`
+	Adopted     string       `json:"adopted,omitempty"`
+	Unconfirmed string       `json:"unconfirmed,omitempty"`
+	Steps       []stepReport `json:"steps"`
 }
 
 // stepReport is one step of a job.
@@ -234,6 +245,7 @@ type stepReport struct {
 type kernelEntry struct {
 	Present   bool     `json:"present"`
 	AllowAll  bool     `json:"allow_all,omitempty"`
+	AuditOnly bool     `json:"audit_only,omitempty"`
 	GPUMinors []uint32 `json:"gpu_minors,omitempty"`
 	// CapsMinors are the MIG capability minors (nvidia-caps major).
 	CapsMinors []uint32 `json:"caps_minors,omitempty"`
@@ -320,8 +332,12 @@ func buildStatus(in statusInput) statusReport {
 	owned := map[uint64]bool{}
 	if st := in.State; st != nil {
 		r.State.Scope = st.Scope
+		if r.GPUTable = st.GPUTable; r.GPUTable != nil && r.GPUTable.Untrusted != "" {
+			problem("gpu table: the agent gives no GPU to any step: %s", r.GPUTable.Untrusted)
+		}
 		for _, sj := range st.Jobs {
-			j := jobReport{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, NoProlog: sj.NoProlog, Broken: sj.Broken, Steps: []stepReport{}}
+			j := jobReport{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, NoProlog: sj.NoProlog, Broken: sj.Broken,
+				Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: sj.Unconfirmed, Steps: []stepReport{}}
 			if j.GPUs == nil {
 				j.GPUs = []int{}
 			}
@@ -355,6 +371,8 @@ func buildStatus(in statusInput) statusReport {
 						s.Problems = append(s.Problems, problem("%s: the kernel entry of cgroup %d is unreadable: %s", where, ss.CgroupID, e.PolicyErr))
 					case e.Policy.AllowAll:
 						s.Problems = append(s.Problems, problem("%s: the kernel allows every GPU to cgroup %d", where, ss.CgroupID))
+					case e.Policy.AuditOnly != ss.AuditOnly:
+						s.Problems = append(s.Problems, problem("%s: the kernel entry of cgroup %d is audit-only=%v, the state says %v", where, ss.CgroupID, e.Policy.AuditOnly, ss.AuditOnly))
 					case gpuCountMismatch(e.Policy, len(ss.GPUs)):
 						s.Problems = append(s.Problems, problem("%s: the kernel allows %d GPU(s) to cgroup %d, the state %d", where, len(e.Policy.GPUMinors), ss.CgroupID, len(ss.GPUs)))
 					}
@@ -425,7 +443,7 @@ func toKernelEntry(e devfilter.PinnedEntry, ok bool) kernelEntry {
 	if !ok {
 		return k
 	}
-	k.AllowAll, k.GPUMinors, k.CapsMinors, k.Error = e.Policy.AllowAll, e.Policy.GPUMinors, e.Policy.CapsMinors, e.PolicyErr
+	k.AllowAll, k.AuditOnly, k.GPUMinors, k.CapsMinors, k.Error = e.Policy.AllowAll, e.Policy.AuditOnly, e.Policy.GPUMinors, e.Policy.CapsMinors, e.PolicyErr
 	if e.Link != nil {
 		k.LinkID = e.Link.ID
 	}
@@ -529,6 +547,24 @@ func writeStatus(w io.Writer, r statusReport) {
 	}
 	flush()
 
+	if t := r.GPUTable; t != nil {
+		pf("\nGPU table\n")
+		pf("  source\t%s\t%d GPU(s): %s\n", t.Source, len(t.GPUs), t.Detail)
+		if t.Slurmd != "" {
+			pf("  slurmd\t%s\n", t.Slurmd)
+		}
+		if t.AutoDetect != "" {
+			pf("  gres.conf\t%s\tAutoDetect=%s\n", t.GresConf, t.AutoDetect)
+		}
+		for _, g := range t.GPUs {
+			pf("  gpu %d\t%s\t%s\n", g.Index, strings.Join(g.Files, ","), g.Type)
+		}
+		if t.Untrusted != "" {
+			pf("  refusing\tevery GPU step: %s\n", t.Untrusted)
+		}
+		flush()
+	}
+
 	if len(r.Jobs) > 0 {
 		pf("\nJobs (cgroups below the scope)\n")
 		pf("  JOB\tSTEP\tUSER\tGPUS\tKERNEL\tCHECK\tCGROUP\n")
@@ -543,6 +579,14 @@ func writeStatus(w io.Writer, r statusReport) {
 			}
 			if j.Broken != "" {
 				flags = append(flags, "broken: "+j.Broken)
+			}
+			switch {
+			case j.Unconfirmed != "":
+				flags = append(flags, "UNCONFIRMED ("+j.Unconfirmed+"): "+j.Adopted)
+			case j.Adopted != "":
+				flags = append(flags, "adopted: "+j.Adopted)
+			case j.Recovered != "":
+				flags = append(flags, "recovered from "+j.Recovered)
 			}
 			pf("  %d\t\t%s\t%s\t\t\t%s\n", j.ID, userLabel(j.UID, j.User), gpuList(j.GPUs), strings.Join(flags, "; "))
 			for _, st := range j.Steps {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Protocol between the gpufence SPANK plugin (inside slurmd/slurmstepd) and the
 // gpufence node agent. One Request and one Response per exchange, each framed
 // as a varint length followed by the message (protodelim), over a unix socket

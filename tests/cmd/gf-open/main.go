@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gf-open is the job payload of the end-to-end tests: it opens each
 // path read-write and prints `PATH RESULT`, where RESULT is OK or the errno
 // name (ENXIO: the device cgroup allowed a fake GPU that has no driver;
@@ -36,6 +38,8 @@ func main() {
 	showEnv := flag.Bool("env", false, "print GPU variables and the cgroup2 path first")
 	loop := flag.Int("loop", 1, "open every path this many times")
 	sleep := flag.Duration("sleep", 0, "pause between rounds of -loop")
+	until := flag.String("until", "", "open every path in rounds (pausing -sleep) until this file exists, instead of -loop rounds")
+	stamp := flag.Bool("stamp", false, "start each PATH RESULT line with the time of the open (Unix nanoseconds)")
 	count := flag.Int("count", 0, "open every path this many times as fast as possible and print one line per path and result: PATH RESULT xN")
 	comm := flag.String("comm", "", "set the process name (prctl PR_SET_NAME, at most 15 bytes, any bytes) before opening")
 	execProg := flag.String("exec", "", "open each path once, print nothing, then exec this program at once")
@@ -79,11 +83,21 @@ func main() {
 		}
 		return
 	}
-	for i := 0; i < *loop; i++ {
+	for i := 0; *until != "" || i < *loop; i++ {
+		if *until != "" {
+			if _, err := os.Stat(*until); err == nil {
+				return
+			}
+		}
 		if i > 0 && *sleep > 0 {
 			time.Sleep(*sleep)
 		}
 		for _, p := range flag.Args() {
+			if *stamp {
+				t := time.Now().UnixNano()
+				fmt.Printf("%d %s %s\n", t, p, open(p))
+				continue
+			}
 			fmt.Printf("%s %s\n", p, open(p))
 		}
 	}

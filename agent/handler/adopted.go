@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package handler
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/gpulist"
+	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/bpf/devfilter"
+)
+
+// UnknownUID is the owner of an adopted job whose owner slurmctld did not
+// say and no task process showed.
+const UnknownUID = ^uint32(0)
+
+// RetryUnconfirmed asks slurmctld again about each adopted job it could
+// not be asked about, when due (agent/recovery paces it): a job it now
+// confirms is held to its GPUs, one it says ended is released, one whose
+// answer is ambiguous is denied every GPU.
+func (h *Handler) RetryUnconfirmed() {
+	if h.Recovery == nil {
+		return
+	}
+	for _, j := range h.Registry.Jobs() {
+		if j.Unconfirmed != "" && h.Recovery.Due(j.ID) {
+			h.retryUnconfirmed(j)
+		}
+	}
+}
+
+func (h *Handler) retryUnconfirmed(j registry.Job) {
+	o := h.Recovery.Adopt(j.ID)
+	fill := func(r *audit.Record) {
+		r.JobID, r.UID, r.User, r.Cgroup = j.ID, audit.UID(j.UID), h.Users.Name(j.UID), j.Dir
+		if o.Err != nil {
+			r.Error = o.Err.Error()
+		}
+	}
+	switch {
+	case o.Unreachable:
+		h.Log.Debug("unconfirmed job: slurmctld still cannot be asked", "job_id", j.ID, "err", o.Err)
+	case o.Job != nil:
+		nj := *o.Job
+		nj.Dir, nj.Adopted = j.Dir, "confirmed by slurmctld after the agent started ("+nj.Recovered+")"
+		if nj.Broken == "" {
+			if _, err := h.Table.Devices(nj.GPUs); err != nil {
+				nj.Broken, nj.GPUs = fmt.Sprintf("job %d: %v", j.ID, err), []int{}
+			}
+		}
+		steps, ok := h.Registry.Confirm(nj)
+		if !ok {
+			return
+		}
+		h.Recovery.Forget(j.ID)
+		for _, s := range steps {
+			var p devfilter.Policy // Broken: no GPU
+			if nj.Broken == "" {
+				if set, err := h.Table.Devices(s.GPUs); err == nil {
+					p = devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
+				}
+			}
+			if err := h.Enforcer.Set(s.Cgroup, p); err != nil {
+				h.Log.Error("confirmed job: set a step's entry", "job_id", j.ID, "cgroup", s.Cgroup.Path, "err", err)
+			}
+		}
+		msg := fmt.Sprintf("job %d, adopted unconfirmed (%s), is now confirmed by slurmctld: GPUs [%s] (%s); its %d steps are held to them", j.ID, j.Unconfirmed, gpulist.Format(nj.GPUs), nj.Recovered, len(steps))
+		sev := audit.SeverityInfo
+		if nj.Broken != "" {
+			msg, sev = fmt.Sprintf("job %d, adopted unconfirmed, is now answered by slurmctld but its list cannot be used (%s); its steps get no GPU", j.ID, nj.Broken), audit.SeverityError
+		}
+		h.Log.Info(msg, "job_id", j.ID)
+		h.emit(audit.EventJobAdopted, sev, msg, func(r *audit.Record) {
+			fill(r)
+			r.GPUs, r.Reason, r.PolicyMode = slices.Clone(nj.GPUs), nj.Adopted, h.PolicyMode()
+		})
+	case o.Ambiguous:
+		steps, ok := h.Registry.Deny(j.ID, "slurmctld's answer was ambiguous: "+o.Message)
+		if !ok {
+			return
+		}
+		for _, s := range steps {
+			if err := h.Enforcer.Set(s.Cgroup, devfilter.Policy{}); err != nil {
+				h.Log.Error("unconfirmed job: deny a step", "job_id", j.ID, "cgroup", s.Cgroup.Path, "err", err)
+			}
+		}
+		h.Log.Error(o.Message, "job_id", j.ID)
+		h.emit(audit.EventJobAdopted, audit.SeverityError, o.Message+"; the job, adopted unconfirmed, now gets no GPU", func(r *audit.Record) {
+			fill(r)
+			r.GPUs, r.Reason, r.PolicyMode = []int{}, o.Message, audit.ModeEnforce
+		})
+	default:
+		// Unknown to slurmctld, or not running here: it ended.
+		h.JobEnded(j.ID, o.Message)
+	}
+}

@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// staleGlob matches the roots Start makes itself (makeRoot with no root).
+const staleGlob = "/var/tmp/gpufence-cluster-*"
+
+// reapStale stops what a test cluster killed before its Stop left behind
+// (a test binary killed by a timeout or by hand): its cgroups, its files
+// and the mounts a suite made under its root, such as the e2e suite's
+// bpffs. The pins in such a bpffs hold a device filter on the scope every
+// test cluster of this host shares, so a later cluster's jobs would be
+// judged by a dead agent's policy. Only roots Start made (staleGlob, with
+// the state.json Start writes) whose daemons are all gone are touched; it
+// runs under the cluster lock, so no other harness is starting one.
+func reapStale(logf func(string, ...any), except string) error {
+	roots, err := filepath.Glob(staleGlob)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, root := range roots {
+		if root == except {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(root, "state.json")); err != nil {
+			continue
+		}
+		old, err := Load(root, logf)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !old.st.CreatedRoot || filepath.Clean(old.st.Root) != root {
+			continue
+		}
+		alive := false
+		for _, p := range old.Daemons() {
+			if p.Alive() {
+				alive = true
+			}
+		}
+		if alive {
+			// A cluster up on its own (gfcluster up): not stale.
+			continue
+		}
+		logf("reaping the stale test cluster at %s (its daemons are gone)", root)
+		if err := unmountUnder(root); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := old.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stale cluster %s: %w", root, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmountUnder unmounts every mount point below dir, deepest first.
+func unmountUnder(dir string) error {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	points := mountsUnder(string(mi), dir)
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	for _, p := range points {
+		if out, err := exec.Command("umount", p).CombinedOutput(); err != nil {
+			return fmt.Errorf("umount %s: %v %s", p, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+// mountsUnder lists the mount points of a mountinfo text strictly below dir.
+func mountsUnder(mountinfo, dir string) []string {
+	prefix := filepath.Clean(dir) + "/"
+	var points []string
+	for _, l := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 5 {
+			continue
+		}
+		p := unescapeMount(f[4])
+		if strings.HasPrefix(p, prefix) {
+			points = append(points, p)
+		}
+	}
+	return points
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v int
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
