@@ -14,9 +14,16 @@
 #      every access (records + suppressed counts = attempts, per step, GPU
 #      and decision); a pinger measures how long the socket went unanswered.
 # Mode (deb or rpm) is in /host/upgrade-mode.
+# SPDX-License-Identifier: Apache-2.0
 set -u
 MODE=$(cat /host/upgrade-mode)
 N=${BURST_N:-100}
+# Steps of a burst in flight at once, and the plugin's timeout: the guest is
+# emulated (TCG, no KVM on this kind of host), tens of times slower than a
+# node, so an agent start that takes well under a second on a node takes
+# 5-20 s here; the timeout is scaled by the same factor (the default is 5).
+PAR=${BURST_PAR:-25}
+PLUGIN_TIMEOUT=${PLUGIN_TIMEOUT:-60}
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }
 now() { date +%s.%6N; }
@@ -53,7 +60,7 @@ snap() {
 # burst DIR: start N steps at once in the burst job, in the background.
 burst() {
 	install -d -o alice "$1"
-	su alice -c "bash /srv/up/burst.sh $BJ $1 $N" &
+	su alice -c "bash /srv/up/burst.sh $BJ $1 $N $PAR" &
 	BURST_PID=$!
 }
 # wait_started DIR K: until K steps of the burst have ended (the rest are
@@ -85,6 +92,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
 ReturnToService=2
+# Emulated guest: srun's launch RPC to a busy slurmd takes longer than 10 s.
+MessageTimeout=60
 MpiDefault=none
 NodeName=vmnode CPUs=$CPUS RealMemory=$MEM Gres=gpu:4 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -98,8 +107,9 @@ systemctl start munge slurmctld slurmd
 
 # Every step of a burst: its output (gf-open -env) and "RC START END".
 cat > /srv/up/burst.sh <<'EOS'
-job=$1 dir=$2 n=$3
+job=$1 dir=$2 n=$3 par=$4
 for i in $(seq 1 "$n"); do
+	while [ "$(jobs -rp | wc -l)" -ge "$par" ]; do wait -n; done
 	if [ $((i % 2)) = 0 ]; then kind=gpu opt=--gres=gpu:1; else kind=cpu opt=--gres=none; fi
 	(
 		s=$(date +%s.%6N)
@@ -130,13 +140,16 @@ rpm)
 	;;
 esac
 echo "installed $OLD"
+# The admin's edit of the packaged conffile, kept across the upgrade.
+sed -i "s|^required /usr/lib/gpufence/spank_gpufence.so\$|& timeout=$PLUGIN_TIMEOUT|" /etc/slurm/plugstack.conf.d/gpufence.conf
+grep '^required' /etc/slurm/plugstack.conf.d/gpufence.conf
 systemctl is-active gpufence.socket gpufence.service || bad "the agent does not run"
 ls -l /usr/lib/gpufence/spank_gpufence.so
 systemctl restart slurmd
 idle
 
 echo "== the probe job and the burst job"
-PJ=$(su alice -c "sbatch --parsable --gres=gpu:1 -o /srv/up/probe.out -J probe --wrap 'gf-open -stamp -until /srv/up/probe.stop -sleep 2ms /dev/nvidia0 /dev/nvidia1 /dev/nvidia2 /dev/nvidia3'")
+PJ=$(su alice -c "sbatch --parsable --gres=gpu:1 -o /srv/up/probe.out -J probe --wrap 'gf-open -stamp -until /srv/up/probe.stop -sleep 10ms /dev/nvidia0 /dev/nvidia1 /dev/nvidia2 /dev/nvidia3'")
 running "$PJ"
 BJ=$(su alice -c "sbatch --parsable --gres=gpu:2 -o /dev/null -J burst --wrap 'sleep 3000'")
 running "$BJ"
@@ -161,6 +174,7 @@ esac
 U1=$(now)
 echo "upgraded $OLD -> $NEW in $(awk "BEGIN{print $U1 - $U0}") s"
 [ "$OLD" != "$NEW" ] || bad "the version did not change"
+grep -q "^required .*timeout=$PLUGIN_TIMEOUT" /etc/slurm/plugstack.conf.d/gpufence.conf || bad "the upgrade replaced the admin's plugstack line"
 wait "$BURST_PID"
 systemctl show gpufence -p ActiveState -p NRestarts -p MainPID
 snap after-upgrade

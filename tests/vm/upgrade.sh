@@ -13,9 +13,11 @@
 # Slurm, but not on an RPM distribution (no RHEL systemd, SELinux or presets).
 #
 # env: UPGRADE_MODES (default "deb rpm"), BURST_N (steps per burst, default
-#      100), VM_MEM (MiB, default 4096 here), VM_TIMEOUT (s, default 1800),
+#      100), BURST_PAR (steps of a burst in flight at once, default 25),
+#      PLUGIN_TIMEOUT (the plugin's timeout= in the emulated guest, default 60), VM_MEM (MiB, default 4096 here), VM_TIMEOUT (s, default 1800),
 #      VM_CACHE as for run-in-vm.sh, UPGRADE_ARTIFACTS (where the guest's logs,
 #      audit file, probe and step outputs go; default NEW_DIR/../artifacts).
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ $# -ne 4 ]; then sed -n '2,8p' "$0" >&2; exit 2; fi
@@ -65,7 +67,13 @@ for mode in ${UPGRADE_MODES:-deb rpm}; do
 	esac
 	cp "$GFOPEN" "$stage/gf-open"; cp "$CHECK" "$stage/upgradecheck"
 	script=$stage/upgrade-node.sh
-	{ echo '#!/bin/bash'; [ -n "${BURST_N:-}" ] && echo "export BURST_N=$BURST_N"; tail -n +2 "$HERE/upgrade-node.sh"; } > "$script"
+	{
+		echo '#!/bin/bash'
+		for v in BURST_N BURST_PAR PLUGIN_TIMEOUT; do
+			[ -z "${!v:-}" ] || echo "export $v=${!v}"
+		done
+		tail -n +2 "$HERE/upgrade-node.sh"
+	} > "$script"
 	mkdir "$stage/artifacts"
 	echo "=== $mode: $(basename "$(one "*.$mode" "$OLD")") -> $(basename "$(one "*.$mode" "$NEW")")"
 	# VM_KEEP: the guest leaves its logs in the share's artifacts/.
