@@ -125,6 +125,7 @@ VM_UPGRADE := build/vm-upgrade
 
 .PHONY: vm-upgrade-test
 vm-upgrade-test: ## apt install ./newer.deb, rpm -U and systemctl restart under a probing job and 100-step bursts, in a throw-away systemd VM (root; ~10 min; not in CI)
+	rm -rf $(VM_UPGRADE)/old $(VM_UPGRADE)/new
 	$(MAKE) package DIST=$(VM_UPGRADE)/old VERSION='$(VERSION)-vmold' PKG_VERSION='$(PKG_VERSION)~vmold'
 	$(MAKE) package DIST=$(VM_UPGRADE)/new VERSION='$(VERSION)' PKG_VERSION='$(PKG_VERSION)'
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
