@@ -18,7 +18,8 @@
 set -u
 MODE=$(cat /host/upgrade-mode)
 N=${BURST_N:-100}
-# Steps of a burst in flight at once, and the plugin's timeout: the guest is
+# Steps of a burst in flight at once, and the plugin's timeout (and the
+# agent's request_timeout): the guest is
 # emulated (TCG, no KVM on this kind of host), tens of times slower than a
 # node, so an agent start that takes well under a second on a node takes
 # 5-20 s here; the timeout is scaled by the same factor (the default is 5).
@@ -143,6 +144,11 @@ echo "installed $OLD"
 # The admin's edit of the packaged conffile, kept across the upgrade.
 sed -i "s|^required /usr/lib/gpufence/spank_gpufence.so\$|& timeout=$PLUGIN_TIMEOUT|" /etc/slurm/plugstack.conf.d/gpufence.conf
 grep '^required' /etc/slurm/plugstack.conf.d/gpufence.conf
+# The agent's own limit on reading a request, scaled alike: a pinger or a
+# client starved for 5 s in the emulated guest is not an agent fault.
+sed -i "s|^#request_timeout: 5s\$|request_timeout: ${PLUGIN_TIMEOUT}s|" /etc/gpufence/agent.yaml
+grep '^request_timeout' /etc/gpufence/agent.yaml || bad "request_timeout not set"
+systemctl restart gpufence || bad "the agent does not restart with request_timeout"
 systemctl is-active gpufence.socket gpufence.service || bad "the agent does not run"
 ls -l /usr/lib/gpufence/spank_gpufence.so
 systemctl restart slurmd
@@ -175,6 +181,7 @@ U1=$(now)
 echo "upgraded $OLD -> $NEW in $(awk "BEGIN{print $U1 - $U0}") s"
 [ "$OLD" != "$NEW" ] || bad "the version did not change"
 grep -q "^required .*timeout=$PLUGIN_TIMEOUT" /etc/slurm/plugstack.conf.d/gpufence.conf || bad "the upgrade replaced the admin's plugstack line"
+grep -q "^request_timeout: ${PLUGIN_TIMEOUT}s" /etc/gpufence/agent.yaml || bad "the upgrade replaced the admin's agent.yaml"
 wait "$BURST_PID"
 systemctl show gpufence -p ActiveState -p NRestarts -p MainPID
 snap after-upgrade
