@@ -57,13 +57,17 @@ const (
 	// audit-only or deny, policy_mode says which), or refused (no GPU).
 	// Also when an unconfirmed job is confirmed later.
 	EventJobAdopted Event = "job_adopted"
+	// EventVerify: gpufence verify ran its self-test on the node (a
+	// throw-away cgroup given one GPU through the filter): passed (info) or
+	// failed (error, naming each failed check).
+	EventVerify Event = "verify"
 )
 
 // Events are every kind the agent writes, in the schema's order.
 var Events = []Event{EventGPUAccess, EventAccessSuppressed, EventAgentStart, EventAgentStop, EventPolicyApplied,
 	EventPolicyReleased, EventFilterAttachFailed, EventLookupFailed, EventConfigReload, EventJobWithoutProlog,
 	EventAuditLoss, EventStaleEntryRemoved, EventStepUnfiltered, EventGPUIdle, EventGPUTableMismatch,
-	EventFilterReattached, EventJobAdopted}
+	EventFilterReattached, EventJobAdopted, EventVerify}
 
 func knownEvent(e Event) bool {
 	for _, k := range Events {
@@ -173,7 +177,21 @@ type Device struct {
 	Path  string `json:"path,omitempty"`
 	Major uint32 `json:"major"`
 	Minor uint32 `json:"minor"`
+	// Kind is what the filter narrowed it as (DeviceGPU, ...), where the
+	// agent knows it.
+	Kind string `json:"kind,omitempty"`
 }
+
+// Device kinds: a GPU node of Slurm's table (/dev/nvidiaN), a MIG
+// capability node of it (/dev/nvidia-caps/nvidia-capN), an NVSwitch
+// management node (/dev/nvidia-nvswitchctl, /dev/nvidia-nvswitchN), the
+// NVLink management node (/dev/nvidia-nvlink).
+const (
+	DeviceGPU           = "gpu"
+	DeviceMIGCapability = "mig_capability"
+	DeviceNVSwitch      = "nvswitch"
+	DeviceNVLink        = "nvlink"
+)
 
 // GPU is the GPU behind a device, where the node's GPU table knows it.
 type GPU struct {

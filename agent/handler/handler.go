@@ -15,9 +15,11 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/enforcer"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/peer"
@@ -40,6 +42,8 @@ type Table interface {
 	Devices(gpus []int) (policy.DeviceSet, error)
 	Unknown(gpus []int) (int, bool)
 	Untrusted() string
+	// GPUs is every GPU of the table, by index (gpufence verify).
+	GPUs() []devices.GPU
 }
 
 // Settings are Slurm's settings that change the answer (local numbering).
@@ -64,6 +68,10 @@ type Handler struct {
 	Watch func(cg devfilter.Cgroup)
 	// PolicyMode is what records say the filter enforces.
 	PolicyMode func() string
+
+	// verifying are the cgroups gpufence verify registered, by id.
+	verifyMu  sync.Mutex
+	verifying map[uint64]verifying
 }
 
 func (h *Handler) emit(ev audit.Event, sev audit.Severity, msg string, fill func(*audit.Record)) {
@@ -90,6 +98,10 @@ func (h *Handler) Handle(_ context.Context, p peer.Peer, req *pb.Request) *pb.Re
 	case *pb.Request_JobEpilog:
 		h.JobEnded(m.JobEpilog.GetJobId(), "job ended")
 		resp = &pb.Response{}
+	case *pb.Request_VerifyStart:
+		resp, err = h.verifyStart(p, m.VerifyStart)
+	case *pb.Request_VerifyEnd:
+		resp, err = h.verifyEnd(m.VerifyEnd)
 	default:
 		err = errors.New("empty or unknown request (plugin newer than agent?)")
 	}

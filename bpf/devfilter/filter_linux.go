@@ -223,10 +223,15 @@ func New(opts Options) (_ *Filter, err error) {
 		RateWindowNs: uint64(opts.RateWindow),
 		RateBurst:    opts.RateBurst,
 		CapsMajor:    opts.CapsMajor,
+		// The fabric majors are the last words of the config: a pinned
+		// config map of an older program is shorter and was replaced.
+		NvswitchMajor: opts.NVSwitchMajor,
+		NvlinkMajor:   opts.NVLinkMajor,
 	}
 	// An adopted config map is read by the running program; it keeps its
-	// layout (else it is not adopted), and only the option words change.
-	if err := f.config.Put(uint32(0), &f.cfg); err != nil {
+	// layout (else it is not adopted: the new program gets a new one), and
+	// only the option words change.
+	if err := putConfig(f.config, f.cfg); err != nil {
 		return nil, errors.Join(fmt.Errorf("configure device filter: %w", err), f.closeObjects())
 	}
 	if f.reader, err = ringbuf.NewReader(f.events); err != nil {
@@ -281,7 +286,8 @@ func New(opts Options) (_ *Filter, err error) {
 	}
 	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
 		"pin_dir", opts.PinDir, "adopted", f.adopted, "adopted_links", len(f.attached),
-		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor, "audit_only", opts.AuditOnly,
+		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor,
+		"nvswitch_major", opts.NVSwitchMajor, "nvlink_major", opts.NVLinkMajor, "audit_only", opts.AuditOnly,
 		"audit_allowed", string(opts.AuditAllowed), "rate_window", opts.RateWindow, "rate_burst", opts.RateBurst)
 	return f, nil
 }
@@ -673,7 +679,7 @@ func (f *Filter) SetAuditOnly(on bool) error {
 	cfg := f.cfg
 	cfg.AuditOnly = boolU32(on)
 	// The program reads the config field by field; only this word changes.
-	if err := f.config.Put(uint32(0), &cfg); err != nil {
+	if err := putConfig(f.config, cfg); err != nil {
 		return fmt.Errorf("set device filter audit-only: %w", err)
 	}
 	f.cfg = cfg
@@ -727,4 +733,23 @@ func (f *Filter) closeObjects() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// putConfig writes cfg into the config map. A map of an older, shorter
+// layout (only a program of that layout reads it: tests that play an older
+// agent) gets the fields it has, and refuses a value whose dropped tail is
+// not zero: a setting that program cannot apply.
+func putConfig(m *ebpf.Map, cfg devfilterFilterConfig) error {
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, binary.NativeEndian, &cfg); err != nil {
+		return err
+	}
+	raw := buf.Bytes()
+	if n := int(m.ValueSize()); n < len(raw) {
+		if slices.ContainsFunc(raw[n:], func(b byte) bool { return b != 0 }) {
+			return fmt.Errorf("config map of %d bytes (an older layout) cannot hold the NVSwitch and NVLink majors", n)
+		}
+		raw = raw[:n]
+	}
+	return m.Put(uint32(0), raw)
 }

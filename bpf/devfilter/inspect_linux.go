@@ -3,6 +3,8 @@
 package devfilter
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -50,11 +52,14 @@ type PinnedView struct {
 type PinnedConfig struct {
 	NvidiaMajor uint32
 	// CapsMajor is the nvidia-caps major the program narrows; 0: none.
-	CapsMajor    uint32
-	AuditOnly    bool
-	AuditAllowed AuditAllowed
-	RateWindow   time.Duration
-	RateBurst    uint32
+	CapsMajor uint32
+	// NVSwitchMajor and NVLinkMajor are the management majors the program
+	// denies to job steps; 0: none (or a program older than these fields).
+	NVSwitchMajor, NVLinkMajor uint32
+	AuditOnly                  bool
+	AuditAllowed               AuditAllowed
+	RateWindow                 time.Duration
+	RateBurst                  uint32
 }
 
 // PinnedLink describes a pinned bpf_link, like `bpftool link show`.
@@ -127,12 +132,12 @@ func InspectPins(dir string) (*PinnedView, error) {
 		return m
 	}
 	if m := open("config"); m != nil {
-		var c devfilterFilterConfig
-		if err := m.Lookup(uint32(0), &c); err != nil {
+		if c, err := readConfig(m); err != nil {
 			fail("map config: %v", err)
 		} else {
 			v.Config = &PinnedConfig{NvidiaMajor: c.NvidiaMajor, CapsMajor: c.CapsMajor, AuditOnly: c.AuditOnly != 0,
-				RateWindow: time.Duration(c.RateWindowNs), RateBurst: c.RateBurst}
+				RateWindow: time.Duration(c.RateWindowNs), RateBurst: c.RateBurst,
+				NVSwitchMajor: c.NvswitchMajor, NVLinkMajor: c.NvlinkMajor}
 			for name, code := range auditAllowedCodes {
 				if uint32(code) == c.AuditAllowed {
 					v.Config.AuditAllowed = name
@@ -274,4 +279,27 @@ func CgroupExists(id uint64) (bool, error) {
 	}
 	unix.Close(fd)
 	return true, nil
+}
+
+// configLayout1Size is the size of struct filter_config before the fabric
+// majors were added at its end; an agent of that layout may have pinned it.
+const configLayout1Size = 32
+
+// readConfig reads the config map of this layout or of the older, shorter
+// one, zero-extended (no fabric major narrowed).
+func readConfig(m *ebpf.Map) (devfilterFilterConfig, error) {
+	var c devfilterFilterConfig
+	size := int(binary.Size(c))
+	if m.ValueSize() < configLayout1Size || int(m.ValueSize()) > size {
+		return c, fmt.Errorf("config value of %d bytes: not a layout of %d to %d bytes", m.ValueSize(), configLayout1Size, size)
+	}
+	raw := make([]byte, m.ValueSize())
+	if err := m.Lookup(uint32(0), raw); err != nil {
+		return c, err
+	}
+	raw = append(raw, make([]byte, size-len(raw))...)
+	if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &c); err != nil {
+		return c, err
+	}
+	return c, nil
 }

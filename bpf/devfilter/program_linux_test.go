@@ -148,10 +148,14 @@ func TestGeneratedLayout(t *testing.T) {
 	if off := unsafe.Offsetof(devfilterPolicy{}.Caps); off != policyLayout1Size {
 		t.Errorf("caps bitmap at offset %d, want %d (after the first layout)", off, policyLayout1Size)
 	}
-	// caps_major took the place of padding: the config map keeps its size
-	// and is adopted across the upgrade.
-	if got := unsafe.Sizeof(devfilterFilterConfig{}); got != 32 {
-		t.Errorf("filter config is %d bytes, want 32", got)
+	// caps_major took the place of padding; the management majors came
+	// after the end of that layout, whose config map an upgrade replaces
+	// (readConfig zero-extends it for gpufence status).
+	if got := unsafe.Sizeof(devfilterFilterConfig{}); got != 40 {
+		t.Errorf("filter config is %d bytes, want 40", got)
+	}
+	if off := unsafe.Offsetof(devfilterFilterConfig{}.NvswitchMajor); off != configLayout1Size {
+		t.Errorf("nvswitch_major at offset %d, want %d (after the older layout)", off, configLayout1Size)
 	}
 	if got := unsafe.Sizeof(devfilterBpfCgroupStorageKey{}); got != 16 {
 		t.Errorf("cgroup storage key is %d bytes, want 16 (struct bpf_cgroup_storage_key)", got)

@@ -3,7 +3,9 @@
 // Package devfilter loads gpufence's cgroup device filter into the kernel,
 // attaches it, writes per-cgroup GPU policies (GPU minors of the NVIDIA
 // major, MIG capability minors of the nvidia-caps major) into its maps and
-// reads the events it reports. It decides nothing about jobs: which cgroup may use
+// reads the events it reports. The NVSwitch and NVLink management majors,
+// when given, are denied to every cgroup the filter narrows that has no
+// allow-all policy. It decides nothing about jobs: which cgroup may use
 // which GPU is decided by the caller.
 package devfilter
 
@@ -76,6 +78,13 @@ type Options struct {
 	// "nvidia-caps" in /proc/devices). 0 leaves that major unnarrowed, for
 	// nodes whose driver has not registered it.
 	CapsMajor uint32
+	// NVSwitchMajor is the char major of /dev/nvidia-nvswitchctl and
+	// /dev/nvidia-nvswitchN ("nvidia-nvswitch" in /proc/devices), NVLinkMajor
+	// that of /dev/nvidia-nvlink ("nvidia-nvlink"). Every minor of each is
+	// denied to what the filter narrows (job steps), and allowed only to
+	// allow-all policies (Slurm's own cgroups). 0 leaves that major alone:
+	// the driver has none, or the caller allows these nodes.
+	NVSwitchMajor, NVLinkMajor uint32
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
 	// BeforeAttach, when set, is called with the loaded, configured and
@@ -151,6 +160,23 @@ func (o Options) validate() (Options, error) {
 	}
 	if o.CapsMajor != 0 && o.CapsMajor == o.NvidiaMajor {
 		return o, fmt.Errorf("devfilter options: CapsMajor %d: the same as NvidiaMajor", o.CapsMajor)
+	}
+	for _, m := range []struct {
+		name  string
+		major uint32
+	}{{"NVSwitchMajor", o.NVSwitchMajor}, {"NVLinkMajor", o.NVLinkMajor}} {
+		switch {
+		case m.major == 0:
+		case m.major > maxMajor:
+			return o, fmt.Errorf("devfilter options: %s %d: larger than %d", m.name, m.major, maxMajor)
+		case m.major == o.NvidiaMajor:
+			return o, fmt.Errorf("devfilter options: %s %d: the same as NvidiaMajor", m.name, m.major)
+		case m.major == o.CapsMajor:
+			return o, fmt.Errorf("devfilter options: %s %d: the same as CapsMajor", m.name, m.major)
+		}
+	}
+	if o.NVSwitchMajor != 0 && o.NVSwitchMajor == o.NVLinkMajor {
+		return o, fmt.Errorf("devfilter options: NVLinkMajor %d: the same as NVSwitchMajor", o.NVLinkMajor)
 	}
 	switch o.AuditAllowed {
 	case "":

@@ -224,6 +224,9 @@ type agentOpts struct {
 	auditFile string // "" = a new file under the cluster's logs
 	// slurmBinDir is where the agent finds scontrol and squeue; "" = PATH.
 	slurmBinDir string
+	// yaml is appended to the agent's configuration file (a test's own
+	// keys, e.g. nvswitch_test.go's fake majors).
+	yaml string
 }
 
 // agentArgs writes the agent's own configuration file and audit file for
@@ -251,6 +254,7 @@ func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 	}
 	// No driver registers nvidia-caps here: the cluster's fake major.
 	yaml += fmt.Sprintf("nvidia_caps_major: %d\n", st.c.CapsMajor())
+	yaml += opt.yaml
 	if err := st.metricsSetup(); err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/server"
 	"github.com/gpufence/gpufence/agent/slurm"
+	"github.com/gpufence/gpufence/agent/verify"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -37,6 +38,7 @@ var commands = map[string]command{
 	"doctor":    {"check that this node is ready for gpufence: cgroups, kernel, bpffs, Slurm, plugin, gres, socket, audit", runDoctor},
 	"inventory": {"list the GPUs as the NVIDIA driver reports them (NVML): minor, UUID, bus id, name, MIG devices", runInventory},
 	"status":    {"show jobs, steps, GPUs, cgroups, pinned objects and counters (works while the agent is down)", runStatus},
+	"verify":    {"live self-test: a throw-away cgroup given one GPU by the agent must open it and be refused the others", runVerify},
 	"version":   {"print the version", runVersion},
 }
 
@@ -59,6 +61,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return 0
+	}
+	if args[0] == verify.ChildCommand {
+		// gpufence verify's process inside its cgroup; not a command.
+		return verify.ChildMain(args[1:], stdout, stderr)
 	}
 	c, ok := commands[args[0]]
 	if !ok {
@@ -239,6 +245,10 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	if cfg.NvidiaCapsMajor == major {
 		return fmt.Errorf("nvidia-caps major %d is the NVIDIA GPU major too; set nvidia_major or nvidia_caps_major", major)
 	}
+	nvswitchMajor, nvlinkMajor, err := resolveFabric(&cfg, major, log)
+	if err != nil {
+		return err
+	}
 	mode := devfilter.Mode("")
 	if cfg.Mode != config.ModeAuto {
 		mode = devfilter.Mode(cfg.Mode)
@@ -269,6 +279,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	}()
 	fopts := devfilter.Options{
 		Mode: mode, NvidiaMajor: major, CapsMajor: cfg.NvidiaCapsMajor, Logger: log, PinDir: cfg.PinDir,
+		NVSwitchMajor: nvswitchMajor, NVLinkMajor: nvlinkMajor,
 		AuditOnly:    cfg.Enforcement == config.EnforcementAuditOnly,
 		AuditAllowed: devfilter.AuditAllowed(cfg.Audit.Allowed),
 		RateWindow:   cfg.Audit.RateWindow.Duration, RateBurst: cfg.Audit.RateBurst,
