@@ -11,7 +11,8 @@ make test-all
 make fuzz FUZZTIME=10s
 # The live upgrade and restart test in a throw-away systemd VM (emulated, so
 # slow: tests/vm/README.md). GPUFENCE_VM_UPGRADE=ci: the .deb with 20-step
-# bursts; full: deb and rpm with 100-step bursts; unset or off: not run.
+# bursts (about 7 min); full: deb and rpm with 100-step bursts (about 40 min);
+# unset or off: not run.
 case ${GPUFENCE_VM_UPGRADE:-off} in
 ci) make vm-upgrade-ci ;;
 full) make vm-upgrade-test ;;
