@@ -136,6 +136,26 @@ vm-package-test: package ## install the .deb in a throw-away systemd VM and chec
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
 	tests/vm/run-in-vm.sh tests/package/vm-deb.sh $(DIST)/gpufence_*.deb $(BIN)/gf-open
 
+# Two packages of this tree that differ only in their version (the older one
+# is VERSION-vmold, PKG_VERSION~vmold, which sorts below), so that the upgrade
+# runs the maintainer scripts as a real one does.
+VM_UPGRADE := build/vm-upgrade
+
+.PHONY: vm-upgrade-test
+vm-upgrade-test: ## apt install ./newer.deb, rpm -U and systemctl restart under a probing job and 100-step bursts, in a throw-away systemd VM (root; ~25 min a format on 2 cores)
+	rm -rf $(VM_UPGRADE)/old $(VM_UPGRADE)/new
+	$(MAKE) package DIST=$(VM_UPGRADE)/old VERSION='$(VERSION)-vmold' PKG_VERSION='$(PKG_VERSION)~vmold'
+	$(MAKE) package DIST=$(VM_UPGRADE)/new VERSION='$(VERSION)' PKG_VERSION='$(PKG_VERSION)'
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/upgradecheck ./tests/vm/upgradecheck
+	tests/vm/upgrade.sh $(VM_UPGRADE)/old $(VM_UPGRADE)/new $(BIN)/gf-open $(BIN)/upgradecheck
+
+# What tests/all.sh runs with GPUFENCE_VM_UPGRADE=ci: the .deb only, bursts
+# of 20 steps.
+.PHONY: vm-upgrade-ci
+vm-upgrade-ci: ## the VM upgrade test sized for CI: deb, 20-step bursts (root)
+	UPGRADE_MODES=deb BURST_N=20 BURST_PAR=10 $(MAKE) vm-upgrade-test
+
 .PHONY: gpu-test
 gpu-test: build ## on a machine with an NVIDIA GPU: inventory vs nvidia-smi, a process without the GPU cannot use it (root; exit 77 = no driver)
 	CGO_ENABLED=1 $(GO) build -o $(BIN)/gpucheck ./tests/gpu/gpucheck

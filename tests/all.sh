@@ -37,4 +37,14 @@ if [ -n "$releases" ]; then
 	echo "all: end-to-end on $releases took $((SECONDS - t1)) s" >&2
 fi
 make fuzz FUZZTIME=10s
+# The live upgrade and restart test in a throw-away systemd VM (emulated, so
+# slow: tests/vm/README.md). GPUFENCE_VM_UPGRADE=ci: the .deb with 20-step
+# bursts (about 7 min); full: deb and rpm with 100-step bursts (about 40 min);
+# unset or off: not run.
+case ${GPUFENCE_VM_UPGRADE:-off} in
+ci) make vm-upgrade-ci ;;
+full) make vm-upgrade-test ;;
+off) ;;
+*) echo "GPUFENCE_VM_UPGRADE=$GPUFENCE_VM_UPGRADE: want ci, full or off" >&2; exit 2 ;;
+esac
 echo "all: everything took $((SECONDS - t0)) s" >&2

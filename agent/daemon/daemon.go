@@ -151,9 +151,17 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		}
 	}
 	d.reg = registry.New(d.store, d.log.With("component", "registry"))
+	var resume *events.Reported
+	if p := d.countsPath(); p != "" {
+		// What the last agent reported of the pinned counters: what the
+		// kernel counted after it stopped is reported now, not dropped.
+		if resume, err = events.LoadReported(p); err != nil {
+			d.log.Warn("cannot read the last agent's audit counts; accesses counted while no agent ran are not reported", "err", err)
+		}
+	}
 	d.ev = events.New(events.Options{Log: log.With("component", "events"), Recorder: rec, Owners: d.reg, Table: d.table,
 		Fabric: devices.Fabric{NVSwitchMajor: cfg.NVSwitchMajor, NVLinkMajor: cfg.NVLinkMajor},
-		Users:  d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize})
+		Users:  d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize, Resume: resume})
 	d.enf = enforcer.New(enforcer.Options{
 		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
 		NewFilter: newFilter, Registry: d.reg, Recorder: rec,
@@ -220,6 +228,13 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		d.rc.Pass()
 	} else {
 		d.log.Info("Slurm's slurmstepd scope does not exist yet; the filter is attached when the first step registers", "cgroup_mount", mount)
+	}
+	if p := d.countsPath(); p != "" {
+		// Taken (or not needed): after a crash the next agent must not
+		// report these counts again.
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			d.log.Warn("remove the last agent's audit counts", "file", p, "err", err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.persistStop, d.persistDone = cancel, make(chan struct{})
@@ -520,6 +535,11 @@ func (d *Daemon) Close() error {
 			err = f.Close()
 		}
 		d.ev.Close()
+		if p := d.countsPath(); p != "" {
+			if serr := events.SaveReported(p, d.ev.Reported()); serr != nil {
+				d.log.Warn("save the audit counts for the next agent; what the kernel counts until it starts goes unreported", "file", p, "err", serr)
+			}
+		}
 		if d.watch != nil {
 			d.watch.Close()
 		}
@@ -528,6 +548,16 @@ func (d *Daemon) Close() error {
 		}
 	})
 	return err
+}
+
+// countsPath is where a stopping agent leaves what it reported of the
+// pinned counters (events.Reported) for the next one: beside the state
+// file; "" without pins or state file.
+func (d *Daemon) countsPath() string {
+	if d.cfg.PinDir == "" || d.cfg.StateFile == "" {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(d.cfg.StateFile), "audit-counts.json")
 }
 
 // SetInventory checks Slurm's GPU table against the GPUs the NVIDIA driver

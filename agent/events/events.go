@@ -76,6 +76,20 @@ type Options struct {
 	QueueSize int
 	// Proc is where /proc is ("/proc"; tests use others).
 	Proc string
+	// Resume is what the previous agent had reported of the pinned
+	// counters when it stopped (Reported, saved by the daemon). With
+	// adopted counters it is the baseline instead of their totals now, so
+	// that what the kernel counted while no agent ran is reported.
+	Resume *Reported
+}
+
+// Reported is how much of the kernel's counters the stage has accounted
+// for: per rate key the suppressed total that records carried, the ring
+// buffer's losses and the rate table's overflows reported.
+type Reported struct {
+	Suppressed map[devfilter.RateKey]uint64
+	Lost       uint64
+	RateFull   map[devfilter.Decision]uint64
 }
 
 // Events is the stage. Its methods are safe for concurrent use.
@@ -145,6 +159,12 @@ func (e *Events) attribute() {
 	defer close(e.done)
 	for ev := range e.queue {
 		o, known := e.o.Owners.View().Owner(ev.CgroupID)
+		if !known {
+			// A step released before its last events were read: at an
+			// agent start, the events an earlier agent left in the ring
+			// buffer of steps that have ended since.
+			o, known = e.supp.released(ev.CgroupID)
+		}
 		key := devfilter.RateKey{CgroupID: ev.CgroupID, Major: ev.Major, Minor: ev.Minor, Decision: ev.Decision}
 		r := e.accessRecord(ev, o, known, e.supp.take(key, ev.Suppressed))
 		e.o.Recorder.Emit(r)
@@ -295,6 +315,20 @@ type suppression struct {
 	// forget holds cgroups whose entries went, with who they were: flushed
 	// once more, then their rate entries are deleted.
 	forget map[uint64]registry.Owner
+	// gone is forget of the last Flush: events of those cgroups still
+	// queued are attributed until the next one.
+	gone map[uint64]registry.Owner
+}
+
+// released is who a cgroup released lately was.
+func (s *suppression) released(id uint64) (registry.Owner, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if o, ok := s.forget[id]; ok {
+		return o, true
+	}
+	o, ok := s.gone[id]
+	return o, ok
 }
 
 // take returns how many suppressed accesses of key were not reported yet,
@@ -323,7 +357,9 @@ func (s *suppression) drop(cgroupID uint64) {
 	}
 }
 
-// baseline takes the adopted counters' totals as already reported.
+// baseline takes the adopted counters' totals as already reported, or,
+// with Options.Resume, what the previous agent reported of them (never
+// more than the totals now).
 func (e *Events) baseline(c Counters) {
 	totals, err := c.Suppressed()
 	if err != nil {
@@ -331,6 +367,20 @@ func (e *Events) baseline(c Counters) {
 	}
 	lost, _ := c.Lost()
 	full, _ := c.RateFull()
+	if r := e.o.Resume; r != nil {
+		// Once: a later filter's counters are new.
+		e.o.Resume = nil
+		totals = maps.Clone(totals)
+		for k, v := range totals {
+			totals[k] = min(v, r.Suppressed[k])
+		}
+		lost = min(lost, r.Lost)
+		full = maps.Clone(full)
+		for d, v := range full {
+			full[d] = min(v, r.RateFull[d])
+		}
+		e.o.Log.Info("resuming the previous agent's audit counts: what the kernel counted since it stopped is reported", "keys", len(r.Suppressed))
+	}
 	e.supp.mu.Lock()
 	defer e.supp.mu.Unlock()
 	if e.supp.reported == nil {
@@ -341,6 +391,14 @@ func (e *Events) baseline(c Counters) {
 	}
 	e.supp.lost = lost
 	e.supp.rateFull = maps.Clone(full)
+}
+
+// Reported is what the stage has accounted for so far; the daemon saves it
+// when the agent stops (Options.Resume).
+func (e *Events) Reported() Reported {
+	e.supp.mu.Lock()
+	defer e.supp.mu.Unlock()
+	return Reported{Suppressed: maps.Clone(e.supp.reported), Lost: e.supp.lost, RateFull: maps.Clone(e.supp.rateFull)}
 }
 
 // Release notes that cgroup id's entry went; o is who it was. Its last
@@ -367,6 +425,7 @@ func (e *Events) Flush(c Counters) {
 	e.supp.mu.Lock()
 	forget := e.supp.forget
 	e.supp.forget = nil
+	e.supp.gone = forget
 	e.supp.mu.Unlock()
 	view := e.o.Owners.View()
 	for key, total := range totals {
