@@ -110,7 +110,7 @@ func TestPrivilegedSlurmdTableAutoDetect(t *testing.T) {
 		t.Fatalf("origin %+v, untrusted %q", o, d.Table().Untrusted())
 	}
 	args, _ := os.ReadFile(filepath.Join(n.prefix, "args"))
-	if want := fmt.Sprintf("-G -f %s/etc/slurm.conf -N gpu-7\n", n.prefix); string(args) != want {
+	if want := fmt.Sprintf("-G -L /dev/null -f %s/etc/slurm.conf -N gpu-7\n", n.prefix); string(args) != want {
 		t.Errorf("slurmd ran with %q, want %q", args, want)
 	}
 	r, task := n.step(d, 1, "0")

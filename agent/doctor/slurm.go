@@ -342,7 +342,7 @@ func (r *run) gpuTable(c *Check, gres string, conf slurm.GresConf, gerr error) (
 		return nil, true
 	}
 	fix := map[string]string{
-		"slurmd_failed":   fmt.Sprintf("Run slurmd -G -f %s -N %s by hand to see why it fails; set slurmd (its path) if this node's slurmd is elsewhere.", cfg.SlurmConf, cfg.NodeName),
+		"slurmd_failed":   fmt.Sprintf("Run slurmd -G -L /dev/null -f %s -N %s by hand to see why it fails; set slurmd (its path) if this node's slurmd is elsewhere.", cfg.SlurmConf, cfg.NodeName),
 		"sources_differ":  "Make gres.conf's File= lines name the devices in the order slurmd -G prints them (or use AutoDetect), and remove any fake_gpus.conf beside slurm.conf; then restart slurmd and the agent.",
 		"slurmd_fewer":    "Make slurm.conf's Gres= count on this node's NodeName line match gres.conf.",
 		"gres_unreadable": "Fix gres.conf so that gpufence can read it (the agent then cross-checks slurmd's table with it).",

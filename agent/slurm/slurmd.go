@@ -61,7 +61,7 @@ type SlurmdView struct {
 // node's own (TrustedBinary); the environment is the agent's own
 // minimal one, so that no variable of a caller changes what it reads.
 func (s *Slurmd) GPUs(ctx context.Context) (SlurmdView, error) {
-	v := SlurmdView{Command: fmt.Sprintf("%s -G -f %s -N %s", s.Bin, s.SlurmConf, s.Node)}
+	v := SlurmdView{Command: fmt.Sprintf("%s -G -L /dev/null -f %s -N %s", s.Bin, s.SlurmConf, s.Node)}
 	if err := TrustedBinary(s.Bin); err != nil {
 		return v, fmt.Errorf("slurmd -G: %w", err)
 	}
@@ -80,7 +80,10 @@ func (s *Slurmd) GPUs(ctx context.Context) (SlurmdView, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, s.Bin, "-G", "-f", s.SlurmConf, "-N", s.Node)
+	// -L /dev/null: slurmd would open slurm.conf's SlurmdLogFile, which
+	// the packaged unit (ProtectSystem=strict) keeps read-only; the table
+	// goes to stderr all the same (measured on 22.05 in the VM node).
+	cmd := exec.CommandContext(ctx, s.Bin, "-G", "-L", "/dev/null", "-f", s.SlurmConf, "-N", s.Node)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C", "LC_ALL=C"}
 	cmd.Dir = "/"
 	// Its own process group, so that whatever it started dies with it.
