@@ -112,6 +112,7 @@ type state struct {
 	PCluster     bool     `json:"pcluster,omitempty"`
 	Namespace    bool     `json:"namespace,omitempty"`   // namespace/linux on (SetNamespace)
 	FakeDriver   bool     `json:"fake_driver,omitempty"` // SetFakeDriver
+	AutoDetect   bool     `json:"autodetect,omitempty"`  // SetAutoDetect
 	// Scope is the scope slurmd made (known once it started); the
 	// candidates are the names it may choose (with and without the node
 	// name, as Slurm is built with or without multiple-slurmd support).
@@ -428,7 +429,7 @@ func (c *Cluster) params() confParams {
 		ExtraSlurm: c.st.ExtraSlurmConf, Plugstack: c.st.Plugstack,
 		ClusterName: "gpufence", SlurmUser: "slurm", KillWaitSecs: 5,
 		Release: c.st.Release, Slice: c.st.Slice, JobIDPaths: c.st.JobIDPaths, PCluster: c.st.PCluster,
-		Namespace: c.st.Namespace, FakeDriver: c.st.FakeDriver,
+		Namespace: c.st.Namespace, FakeDriver: c.st.FakeDriver, AutoDetect: c.st.AutoDetect,
 	}
 }
 
@@ -630,6 +631,9 @@ func (c *Cluster) RestartSlurmd(constrainDevices bool) error {
 func (c *Cluster) SetMIG(on bool) error {
 	if on && c.st.GPUs != migGPUs {
 		return fmt.Errorf("MIG layout needs GPUs=%d, the cluster has %d", migGPUs, c.st.GPUs)
+	}
+	if on && c.st.AutoDetect {
+		return fmt.Errorf("the MIG layout and the AutoDetect layout exclude each other: SetAutoDetect(false) first")
 	}
 	c.st.MIG = on
 	for _, p := range []*Process{c.st.Slurmd, c.st.Slurmctld} {

@@ -33,6 +33,7 @@ type confParams struct {
 	PCluster     bool   // AWS ParallelCluster's way of writing the files
 	Namespace    bool   // NamespaceType=namespace/linux (25.11) with etc/namespace.yaml
 	FakeDriver   bool   // gres.conf AutoDetect=nvidia, Flags=env_uuid (SetFakeDriver)
+	AutoDetect   bool   // gres.conf AutoDetect=nvml alone, fake_gpus.conf (SetAutoDetect)
 }
 
 // atLeast reports whether the files are for Slurm v (major.minor) or newer.
@@ -107,6 +108,11 @@ func renderSlurmConf(p confParams) string {
 		// than expected") and typed requests find no node.
 		gres = fmt.Sprintf("gpu:a100:1,gpu:%s:%d", MIGSlices[0].Profile, len(MIGSlices))
 	}
+	if p.AutoDetect {
+		// Untyped, as in the recorded autodetect-links layout: slurmd
+		// drops fake_gpus.conf's type.
+		gres = fmt.Sprintf("gpu:%d", p.GPUs)
+	}
 	line("NodeName=%s NodeAddr=127.0.0.1 CPUs=%d Gres=%s State=UNKNOWN", p.Host, p.CPUs, gres)
 	line("PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO", p.Host)
 	if p.Namespace {
@@ -120,6 +126,9 @@ func renderSlurmConf(p confParams) string {
 }
 
 func renderGresConf(p confParams) string {
+	if p.AutoDetect {
+		return renderAutoDetectGres()
+	}
 	if p.FakeDriver {
 		// The devices AutoDetect finds, as it names them, with their UUIDs
 		// in CUDA_VISIBLE_DEVICES (Slurm 26.05).

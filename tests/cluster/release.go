@@ -142,6 +142,9 @@ func (c *Cluster) SetFakeDriver(on bool) error {
 	if c.st.SysRoot == "" {
 		return fmt.Errorf("the fake driver needs a Debian root (its own /dev); this cluster runs %s (%s)", c.st.Full, c.st.Kind)
 	}
+	if on && c.st.AutoDetect {
+		return fmt.Errorf("the fake driver and the AutoDetect layout exclude each other: SetAutoDetect(false) first")
+	}
 	if on {
 		for i := 0; i < c.st.GPUs; i++ {
 			info := fmt.Sprintf("Model: \t\t %s\nIRQ:   \t\t 100\nGPU UUID: \t %s\nVideo BIOS: \t 90.04.38.00.03\nBus Type: \t PCIe\nDMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\nBus Location: \t %s\nDevice Minor: \t %d\nGPU Excluded:\t No\n",
