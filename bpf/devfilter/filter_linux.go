@@ -221,10 +221,11 @@ func New(opts Options) (_ *Filter, err error) {
 		RateWindowNs: uint64(opts.RateWindow),
 		RateBurst:    opts.RateBurst,
 		CapsMajor:    opts.CapsMajor,
+		ImexMajor:    opts.IMEXMajor,
 	}
 	// An adopted config map is read by the running program; it keeps its
 	// layout (else it is not adopted), and only the option words change.
-	if err := f.config.Put(uint32(0), &f.cfg); err != nil {
+	if err := putConfig(f.config, &f.cfg); err != nil {
 		return nil, errors.Join(fmt.Errorf("configure device filter: %w", err), f.closeObjects())
 	}
 	if f.reader, err = ringbuf.NewReader(f.events); err != nil {
@@ -279,7 +280,7 @@ func New(opts Options) (_ *Filter, err error) {
 	}
 	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
 		"pin_dir", opts.PinDir, "adopted", f.adopted, "adopted_links", len(f.attached),
-		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor, "audit_only", opts.AuditOnly,
+		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor, "imex_major", opts.IMEXMajor, "audit_only", opts.AuditOnly,
 		"audit_allowed", string(opts.AuditAllowed), "rate_window", opts.RateWindow, "rate_burst", opts.RateBurst)
 	return f, nil
 }
@@ -288,6 +289,25 @@ var auditAllowedCodes = map[AuditAllowed]devfilterAuditAllowed{
 	AuditAllowedNone:  devfilterAuditAllowedAUDIT_ALLOWED_NONE,
 	AuditAllowedFirst: devfilterAuditAllowedAUDIT_ALLOWED_FIRST,
 	AuditAllowedAll:   devfilterAuditAllowedAUDIT_ALLOWED_ALL,
+}
+
+// putConfig writes cfg into the config map. A map of an older, shorter
+// layout (an older program's, as the upgrade tests load) gets the fields
+// it has, as long as the ones it lacks are zero: that program narrows
+// nothing it does not know.
+func putConfig(m *ebpf.Map, cfg *devfilterFilterConfig) error {
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, binary.NativeEndian, cfg); err != nil {
+		return err
+	}
+	raw, size := buf.Bytes(), int(m.ValueSize())
+	if size < len(raw) {
+		if slices.ContainsFunc(raw[size:], func(b byte) bool { return b != 0 }) {
+			return fmt.Errorf("config map of %d bytes cannot hold options set past them (IMEX major %d)", size, cfg.ImexMajor)
+		}
+		raw = raw[:size]
+	}
+	return m.Put(uint32(0), raw)
 }
 
 func boolU32(b bool) uint32 {
@@ -362,11 +382,15 @@ func encodePolicy(cg Cgroup, p Policy) (devfilterPolicy, error) {
 	if err != nil {
 		return devfilterPolicy{}, err
 	}
-	return devfilterPolicy{CgroupId: cg.ID, Flags: p.flags(), Minors: gpus, Caps: caps}, nil
+	imex, err := p.imexWord()
+	if err != nil {
+		return devfilterPolicy{}, err
+	}
+	return devfilterPolicy{CgroupId: cg.ID, Flags: p.flags(), ImexChannel: imex, Minors: gpus, Caps: caps}, nil
 }
 
 func decodePolicy(v devfilterPolicy) Policy {
-	return policyFromBitmaps(v.Flags, v.Minors[:], v.Caps[:])
+	return policyFromBitmaps(v.Flags, v.Minors[:], v.Caps[:], v.ImexChannel)
 }
 
 func storageKey(id uint64) devfilterBpfCgroupStorageKey {

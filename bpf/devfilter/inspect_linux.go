@@ -48,7 +48,9 @@ type PinnedView struct {
 type PinnedConfig struct {
 	NvidiaMajor uint32
 	// CapsMajor is the nvidia-caps major the program narrows; 0: none.
-	CapsMajor    uint32
+	CapsMajor uint32
+	// IMEXMajor is the IMEX channel major the program narrows; 0: none.
+	IMEXMajor    uint32
 	AuditOnly    bool
 	AuditAllowed AuditAllowed
 	RateWindow   time.Duration
@@ -129,7 +131,7 @@ func InspectPins(dir string) (*PinnedView, error) {
 		if err := m.Lookup(uint32(0), &c); err != nil {
 			fail("map config: %v", err)
 		} else {
-			v.Config = &PinnedConfig{NvidiaMajor: c.NvidiaMajor, CapsMajor: c.CapsMajor, AuditOnly: c.AuditOnly != 0,
+			v.Config = &PinnedConfig{NvidiaMajor: c.NvidiaMajor, CapsMajor: c.CapsMajor, IMEXMajor: c.ImexMajor, AuditOnly: c.AuditOnly != 0,
 				RateWindow: time.Duration(c.RateWindowNs), RateBurst: c.RateBurst}
 			for name, code := range auditAllowedCodes {
 				if uint32(code) == c.AuditAllowed {

@@ -146,10 +146,16 @@ func TestGeneratedLayout(t *testing.T) {
 	if off := unsafe.Offsetof(devfilterPolicy{}.Caps); off != policyLayout1Size {
 		t.Errorf("caps bitmap at offset %d, want %d (after the first layout)", off, policyLayout1Size)
 	}
-	// caps_major took the place of padding: the config map keeps its size
-	// and is adopted across the upgrade.
-	if got := unsafe.Sizeof(devfilterFilterConfig{}); got != 32 {
-		t.Errorf("filter config is %d bytes, want 32", got)
+	// caps_major took the place of padding; imex_major (and its padding)
+	// grew the config to 40 bytes: an upgrade makes a new config map, which
+	// New writes whole.
+	if got := unsafe.Sizeof(devfilterFilterConfig{}); got != 40 {
+		t.Errorf("filter config is %d bytes, want 40", got)
+	}
+	// imex_channel took the place of the policy's padding: an older entry
+	// reads as no channel, and the policy keeps its size.
+	if off := unsafe.Offsetof(devfilterPolicy{}.ImexChannel); off != 12 {
+		t.Errorf("imex_channel at offset %d, want 12 (the old padding)", off)
 	}
 	if got := unsafe.Sizeof(devfilterBpfCgroupStorageKey{}); got != 16 {
 		t.Errorf("cgroup storage key is %d bytes, want 16 (struct bpf_cgroup_storage_key)", got)

@@ -74,6 +74,11 @@ type Options struct {
 	// "nvidia-caps" in /proc/devices). 0 leaves that major unnarrowed, for
 	// nodes whose driver has not registered it.
 	CapsMajor uint32
+	// IMEXMajor is the char major of the IMEX channel nodes
+	// (/dev/nvidia-caps-imex-channels/channelN, dynamic:
+	// "nvidia-caps-imex-channels" in /proc/devices); the minor is the
+	// channel id. 0 leaves that major unnarrowed.
+	IMEXMajor uint32
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
 	// BeforeAttach, when set, is called with the loaded, configured and
@@ -150,6 +155,12 @@ func (o Options) validate() (Options, error) {
 	if o.CapsMajor != 0 && o.CapsMajor == o.NvidiaMajor {
 		return o, fmt.Errorf("devfilter options: CapsMajor %d: the same as NvidiaMajor", o.CapsMajor)
 	}
+	if o.IMEXMajor > maxMajor {
+		return o, fmt.Errorf("devfilter options: IMEXMajor %d: larger than %d", o.IMEXMajor, maxMajor)
+	}
+	if o.IMEXMajor != 0 && (o.IMEXMajor == o.NvidiaMajor || o.IMEXMajor == o.CapsMajor) {
+		return o, fmt.Errorf("devfilter options: IMEXMajor %d: the same as NvidiaMajor or CapsMajor", o.IMEXMajor)
+	}
 	switch o.AuditAllowed {
 	case "":
 		o.AuditAllowed = AuditAllowedFirst
@@ -194,7 +205,15 @@ type Policy struct {
 	// instance access), FirstCapsAccessMinor..MaxCapsMinor; sorted when
 	// returned.
 	CapsMinors []uint32
+	// IMEXChannels are the IMEX channels (minors of the IMEX major) the
+	// cgroup may open: none or one, as Slurm gives a job one channel per
+	// node. Creating a channel node is always allowed (only root can).
+	IMEXChannels []uint32
 }
+
+// MaxIMEXChannel is the highest IMEX channel a policy can grant: the
+// largest minor a dev_t holds.
+const MaxIMEXChannel = 1<<20 - 1
 
 const (
 	policyAllowAll  = 1 << 0
@@ -232,8 +251,26 @@ func (p Policy) flags() uint32 {
 	return f
 }
 
-func policyFromBitmaps(flags uint32, gpus []uint64, caps []uint64) Policy {
-	return Policy{AllowAll: flags&policyAllowAll != 0, AuditOnly: flags&policyAuditOnly != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
+// imexWord encodes the policy's IMEX channel as the program reads it: the
+// channel plus one, 0 for none.
+func (p Policy) imexWord() (uint32, error) {
+	switch {
+	case len(p.IMEXChannels) == 0:
+		return 0, nil
+	case len(p.IMEXChannels) > 1:
+		return 0, fmt.Errorf("IMEX channels %v: a policy holds at most one", p.IMEXChannels)
+	case p.IMEXChannels[0] > MaxIMEXChannel:
+		return 0, fmt.Errorf("IMEX channel %d: larger than %d", p.IMEXChannels[0], MaxIMEXChannel)
+	}
+	return p.IMEXChannels[0] + 1, nil
+}
+
+func policyFromBitmaps(flags uint32, gpus []uint64, caps []uint64, imex uint32) Policy {
+	p := Policy{AllowAll: flags&policyAllowAll != 0, AuditOnly: flags&policyAuditOnly != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
+	if imex != 0 {
+		p.IMEXChannels = []uint32{imex - 1}
+	}
+	return p
 }
 
 func bitsOf(words []uint64) []uint32 {

@@ -52,7 +52,7 @@ func TestPolicyBitmap(t *testing.T) {
 			if got != tt.want || gotCaps != tt.wantCaps {
 				t.Fatalf("bitmaps() = %#x, caps %#x; want %#x, caps %#x", got, gotCaps, tt.want, tt.wantCaps)
 			}
-			back := policyFromBitmaps(tt.policy.flags(), got[:], gotCaps[:])
+			back := policyFromBitmaps(tt.policy.flags(), got[:], gotCaps[:], 0)
 			wantMinors := slices.Compact(slices.Sorted(slices.Values(tt.policy.GPUMinors)))
 			wantCapsMinors := slices.Compact(slices.Sorted(slices.Values(tt.policy.CapsMinors)))
 			if !slices.Equal(back.GPUMinors, wantMinors) || !slices.Equal(back.CapsMinors, wantCapsMinors) || back.AllowAll != tt.policy.AllowAll {
@@ -68,7 +68,7 @@ func TestPolicyAllowAllFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	back := policyFromBitmaps(p.flags(), b[:], c[:])
+	back := policyFromBitmaps(p.flags(), b[:], c[:], 0)
 	if !back.AllowAll || !slices.Equal(back.GPUMinors, []uint32{2}) {
 		t.Fatalf("round trip = %+v, want AllowAll with minor 2", back)
 	}
