@@ -60,6 +60,17 @@ type Config struct {
 	// standard value). Unknown, that major is not narrowed and a gres.conf
 	// with MIG slices is refused.
 	NvidiaCapsMajor uint32 `yaml:"nvidia_caps_major"`
+	// IMEXChannels is how IMEX channel devices
+	// (/dev/nvidia-caps-imex-channels/channelN) are narrowed: slurm (each
+	// GPU step opens only the channel Slurm's switch/nvidia_imex made for
+	// its job), none (no job opens any), unrestricted (not narrowed), or
+	// auto (slurm when slurm.conf says SwitchType=switch/nvidia_imex, else
+	// unrestricted).
+	IMEXChannels string `yaml:"imex_channels"`
+	// IMEXChannelsMajor overrides the char major of the channel devices; 0
+	// takes slurm.conf's SwitchParameters=imex_dev_major=, else
+	// "nvidia-caps-imex-channels" from /proc/devices. Unknown: not narrowed.
+	IMEXChannelsMajor uint32 `yaml:"imex_channels_major"`
 	// ExemptCgroups are the scope's children that are not jobs and keep every
 	// device: Slurm parks new slurmstepds in "system" and, without systemd,
 	// moves slurmd into "slurmd" (both use NVML).
@@ -179,6 +190,14 @@ const (
 	NVMLOff      = "off"
 )
 
+// IMEXChannels values.
+const (
+	IMEXAuto         = "auto"
+	IMEXSlurm        = "slurm"
+	IMEXNone         = "none"
+	IMEXUnrestricted = "unrestricted"
+)
+
 // AdoptUnconfirmed values.
 const (
 	AdoptAuditOnly = "audit-only"
@@ -231,6 +250,7 @@ func Default() Config {
 		StateFile:            "/var/lib/gpufence/state.json",
 		RecoverFromSlurmctld: true,
 		AdoptUnconfirmed:     AdoptAuditOnly,
+		IMEXChannels:         IMEXAuto,
 		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
 		NVML:                 NVMLAuto,
 		Metrics: Metrics{
@@ -322,6 +342,16 @@ func (c Config) Validate(source string) error {
 		bad("nvidia_caps_major", "%d is not a valid char major", c.NvidiaCapsMajor)
 	} else if c.NvidiaCapsMajor != 0 && c.NvidiaCapsMajor == c.NvidiaMajor {
 		bad("nvidia_caps_major", "%d is the same as nvidia_major", c.NvidiaCapsMajor)
+	}
+	switch c.IMEXChannels {
+	case IMEXAuto, IMEXSlurm, IMEXNone, IMEXUnrestricted:
+	default:
+		bad("imex_channels", "%q is not one of auto, slurm, none, unrestricted", c.IMEXChannels)
+	}
+	if c.IMEXChannelsMajor > 4095 {
+		bad("imex_channels_major", "%d is not a valid char major", c.IMEXChannelsMajor)
+	} else if c.IMEXChannelsMajor != 0 && (c.IMEXChannelsMajor == c.NvidiaMajor || c.IMEXChannelsMajor == c.NvidiaCapsMajor) {
+		bad("imex_channels_major", "%d is the same as nvidia_major or nvidia_caps_major", c.IMEXChannelsMajor)
 	}
 	for _, e := range c.ExemptCgroups {
 		if e == "" || strings.ContainsRune(e, '/') || strings.HasPrefix(e, "job_") {

@@ -86,6 +86,7 @@ type Request struct {
 	//	*Request_StepStart
 	//	*Request_StepEnd
 	//	*Request_JobEpilog
+	//	*Request_StepChannel
 	Msg           isRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -171,6 +172,15 @@ func (x *Request) GetJobEpilog() *JobEpilog {
 	return nil
 }
 
+func (x *Request) GetStepChannel() *StepChannel {
+	if x != nil {
+		if x, ok := x.Msg.(*Request_StepChannel); ok {
+			return x.StepChannel
+		}
+	}
+	return nil
+}
+
 type isRequest_Msg interface {
 	isRequest_Msg()
 }
@@ -191,6 +201,10 @@ type Request_JobEpilog struct {
 	JobEpilog *JobEpilog `protobuf:"bytes,13,opt,name=job_epilog,json=jobEpilog,proto3,oneof"`
 }
 
+type Request_StepChannel struct {
+	StepChannel *StepChannel `protobuf:"bytes,14,opt,name=step_channel,json=stepChannel,proto3,oneof"`
+}
+
 func (*Request_JobProlog) isRequest_Msg() {}
 
 func (*Request_StepStart) isRequest_Msg() {}
@@ -198,6 +212,8 @@ func (*Request_StepStart) isRequest_Msg() {}
 func (*Request_StepEnd) isRequest_Msg() {}
 
 func (*Request_JobEpilog) isRequest_Msg() {}
+
+func (*Request_StepChannel) isRequest_Msg() {}
 
 // Sent from the job_prolog SPANK callback, which slurmd runs as root before the
 // job's first step on this node. The GPU list here is the only one the agent
@@ -448,6 +464,64 @@ func (x *JobEpilog) GetJobId() uint32 {
 	return 0
 }
 
+// Sent by slurmstepd (as root) from task_post_fork of the step's first task,
+// when the StepStart answer set imex_pending: Slurm's switch/nvidia_imex
+// makes the job's IMEX channel node in slurmstepd's own mount namespace
+// after the SPANK init callback, and the tasks may not exec before
+// post_fork returns. The agent reads the channel from /proc/<pid>/root of
+// the connecting process (SO_PEERCRED), never from the message.
+type StepChannel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         uint32                 `protobuf:"varint,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	StepId        uint32                 `protobuf:"varint,2,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepChannel) Reset() {
+	*x = StepChannel{}
+	mi := &file_gpufence_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepChannel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepChannel) ProtoMessage() {}
+
+func (x *StepChannel) ProtoReflect() protoreflect.Message {
+	mi := &file_gpufence_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepChannel.ProtoReflect.Descriptor instead.
+func (*StepChannel) Descriptor() ([]byte, []int) {
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *StepChannel) GetJobId() uint32 {
+	if x != nil {
+		return x.JobId
+	}
+	return 0
+}
+
+func (x *StepChannel) GetStepId() uint32 {
+	if x != nil {
+		return x.StepId
+	}
+	return 0
+}
+
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty on success. Otherwise a one-line reason that Slurm shows to the user
@@ -463,14 +537,20 @@ type Response struct {
 	// cgroup v2 path below the root, "/system.slice/…/job_7/step_0"). The
 	// plugin checks in task_post_fork that each task is inside it before the
 	// task may exec, with no second round trip.
-	StepCgroup    string `protobuf:"bytes,4,opt,name=step_cgroup,json=stepCgroup,proto3" json:"step_cgroup,omitempty"`
+	StepCgroup string `protobuf:"bytes,4,opt,name=step_cgroup,json=stepCgroup,proto3" json:"step_cgroup,omitempty"`
+	// For StepStart: the agent narrows IMEX channels and the step holds GPUs,
+	// so the plugin must send StepChannel before any task may exec; until then
+	// the step opens no channel.
+	ImexPending bool `protobuf:"varint,5,opt,name=imex_pending,json=imexPending,proto3" json:"imex_pending,omitempty"`
+	// For StepChannel: the IMEX channel the step may open; absent: none.
+	ImexChannel   *uint32 `protobuf:"varint,6,opt,name=imex_channel,json=imexChannel,proto3,oneof" json:"imex_channel,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Response) Reset() {
 	*x = Response{}
-	mi := &file_gpufence_v1_agent_proto_msgTypes[5]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +562,7 @@ func (x *Response) String() string {
 func (*Response) ProtoMessage() {}
 
 func (x *Response) ProtoReflect() protoreflect.Message {
-	mi := &file_gpufence_v1_agent_proto_msgTypes[5]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +575,7 @@ func (x *Response) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Response.ProtoReflect.Descriptor instead.
 func (*Response) Descriptor() ([]byte, []int) {
-	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Response) GetError() string {
@@ -526,11 +606,25 @@ func (x *Response) GetStepCgroup() string {
 	return ""
 }
 
+func (x *Response) GetImexPending() bool {
+	if x != nil {
+		return x.ImexPending
+	}
+	return false
+}
+
+func (x *Response) GetImexChannel() uint32 {
+	if x != nil && x.ImexChannel != nil {
+		return *x.ImexChannel
+	}
+	return 0
+}
+
 var File_gpufence_v1_agent_proto protoreflect.FileDescriptor
 
 const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x17gpufence/v1/agent.proto\x12\vgpufence.v1\"\xa6\x02\n" +
+	"\x17gpufence/v1/agent.proto\x12\vgpufence.v1\"\xe5\x02\n" +
 	"\aRequest\x126\n" +
 	"\aversion\x18\x01 \x01(\x0e2\x1c.gpufence.v1.ProtocolVersionR\aversion\x127\n" +
 	"\n" +
@@ -540,7 +634,8 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"step_start\x18\v \x01(\v2\x16.gpufence.v1.StepStartH\x00R\tstepStart\x121\n" +
 	"\bstep_end\x18\f \x01(\v2\x14.gpufence.v1.StepEndH\x00R\astepEnd\x127\n" +
 	"\n" +
-	"job_epilog\x18\r \x01(\v2\x16.gpufence.v1.JobEpilogH\x00R\tjobEpilogB\x05\n" +
+	"job_epilog\x18\r \x01(\v2\x16.gpufence.v1.JobEpilogH\x00R\tjobEpilog\x12=\n" +
+	"\fstep_channel\x18\x0e \x01(\v2\x18.gpufence.v1.StepChannelH\x00R\vstepChannelB\x05\n" +
 	"\x03msg\"a\n" +
 	"\tJobProlog\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x10\n" +
@@ -559,13 +654,19 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x17\n" +
 	"\astep_id\x18\x02 \x01(\rR\x06stepId\"\"\n" +
 	"\tJobEpilog\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\rR\x05jobId\"\x85\x01\n" +
+	"\x06job_id\x18\x01 \x01(\rR\x05jobId\"=\n" +
+	"\vStepChannel\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x17\n" +
+	"\astep_id\x18\x02 \x01(\rR\x06stepId\"\xe1\x01\n" +
 	"\bResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12.\n" +
 	"\x13slurm_local_indices\x18\x03 \x01(\bR\x11slurmLocalIndices\x12\x1f\n" +
 	"\vstep_cgroup\x18\x04 \x01(\tR\n" +
-	"stepCgroup*K\n" +
+	"stepCgroup\x12!\n" +
+	"\fimex_pending\x18\x05 \x01(\bR\vimexPending\x12&\n" +
+	"\fimex_channel\x18\x06 \x01(\rH\x00R\vimexChannel\x88\x01\x01B\x0f\n" +
+	"\r_imex_channel*K\n" +
 	"\x0fProtocolVersion\x12 \n" +
 	"\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12PROTOCOL_VERSION_1\x10\x01B;Z9github.com/gpufence/gpufence/proto/gpufence/v1;gpufencev1b\x06proto3"
@@ -583,7 +684,7 @@ func file_gpufence_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_gpufence_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpufence_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_gpufence_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_gpufence_v1_agent_proto_goTypes = []any{
 	(ProtocolVersion)(0), // 0: gpufence.v1.ProtocolVersion
 	(*Request)(nil),      // 1: gpufence.v1.Request
@@ -591,7 +692,8 @@ var file_gpufence_v1_agent_proto_goTypes = []any{
 	(*StepStart)(nil),    // 3: gpufence.v1.StepStart
 	(*StepEnd)(nil),      // 4: gpufence.v1.StepEnd
 	(*JobEpilog)(nil),    // 5: gpufence.v1.JobEpilog
-	(*Response)(nil),     // 6: gpufence.v1.Response
+	(*StepChannel)(nil),  // 6: gpufence.v1.StepChannel
+	(*Response)(nil),     // 7: gpufence.v1.Response
 }
 var file_gpufence_v1_agent_proto_depIdxs = []int32{
 	0, // 0: gpufence.v1.Request.version:type_name -> gpufence.v1.ProtocolVersion
@@ -599,11 +701,12 @@ var file_gpufence_v1_agent_proto_depIdxs = []int32{
 	3, // 2: gpufence.v1.Request.step_start:type_name -> gpufence.v1.StepStart
 	4, // 3: gpufence.v1.Request.step_end:type_name -> gpufence.v1.StepEnd
 	5, // 4: gpufence.v1.Request.job_epilog:type_name -> gpufence.v1.JobEpilog
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6, // 5: gpufence.v1.Request.step_channel:type_name -> gpufence.v1.StepChannel
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_gpufence_v1_agent_proto_init() }
@@ -616,16 +719,18 @@ func file_gpufence_v1_agent_proto_init() {
 		(*Request_StepStart)(nil),
 		(*Request_StepEnd)(nil),
 		(*Request_JobEpilog)(nil),
+		(*Request_StepChannel)(nil),
 	}
 	file_gpufence_v1_agent_proto_msgTypes[1].OneofWrappers = []any{}
 	file_gpufence_v1_agent_proto_msgTypes[2].OneofWrappers = []any{}
+	file_gpufence_v1_agent_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpufence_v1_agent_proto_rawDesc), len(file_gpufence_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
