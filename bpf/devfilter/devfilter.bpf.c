@@ -4,8 +4,8 @@
 //
 // gpufence device filter: a BPF_PROG_TYPE_CGROUP_DEVICE program that narrows
 // access to GPU-class devices (char devices of the NVIDIA major, minors 0..253,
-// and of the nvidia-caps major, whose minors grant MIG instances) by the Slurm
-// job a task runs in. Every other device is allowed, always, so the filter
+// of the nvidia-caps major, whose minors grant MIG instances, and of the IMEX
+// channel major, one channel per policy) by the Slurm job a task runs in. Every other device is allowed, always, so the filter
 // never fights systemd, Slurm or a container runtime.
 //
 // Two programs share one decision function; the loader loads only one:
