@@ -47,7 +47,9 @@ func init() {
 	for _, step := range []func() error{
 		func() error { return unix.Unshare(unix.CLONE_NEWNS) },
 		func() error { return unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, "") },
-		func() error { return unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "size=0,mode=0755") },
+		func() error {
+			return unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "size=0,mode=0755")
+		},
 		func() error {
 			return unix.Mknod(filepath.Join(dir, fmt.Sprintf("channel%d", minor)), unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor)))
 		},
