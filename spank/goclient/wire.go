@@ -19,7 +19,7 @@ const (
 	fRequestStepStart = 11
 	fRequestStepEnd   = 12
 	fRequestJobEpilog = 13
-	fRequestStepChan  = 14
+	fRequestStepChan  = 16 // 14, 15: VerifyStart, VerifyEnd
 
 	fJobID    = 1 // JobProlog, StepStart, StepEnd, JobEpilog
 	fStepID   = 2 // StepStart, StepEnd
@@ -33,8 +33,8 @@ const (
 	fRespGPUs       = 2
 	fRespSlurmLocal = 3
 	fRespStepCgroup = 4
-	fRespIMEXPend   = 5
-	fRespIMEXChan   = 6
+	fRespIMEXPend   = 6 // 5: verify
+	fRespIMEXChan   = 7
 
 	protocolVersion1 = 1
 	// maxFrame is proto/wire's MaxFrameSize.

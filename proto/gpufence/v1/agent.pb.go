@@ -202,7 +202,8 @@ type Request_JobEpilog struct {
 }
 
 type Request_StepChannel struct {
-	StepChannel *StepChannel `protobuf:"bytes,14,opt,name=step_channel,json=stepChannel,proto3,oneof"`
+	// 14 and 15 are VerifyStart and VerifyEnd (main).
+	StepChannel *StepChannel `protobuf:"bytes,16,opt,name=step_channel,json=stepChannel,proto3,oneof"`
 }
 
 func (*Request_JobProlog) isRequest_Msg() {}
@@ -541,9 +542,10 @@ type Response struct {
 	// For StepStart: the agent narrows IMEX channels and the step holds GPUs,
 	// so the plugin must send StepChannel before any task may exec; until then
 	// the step opens no channel.
-	ImexPending bool `protobuf:"varint,5,opt,name=imex_pending,json=imexPending,proto3" json:"imex_pending,omitempty"`
+	// (5 is VerifyInfo verify, main.)
+	ImexPending bool `protobuf:"varint,6,opt,name=imex_pending,json=imexPending,proto3" json:"imex_pending,omitempty"`
 	// For StepChannel: the IMEX channel the step may open; absent: none.
-	ImexChannel   *uint32 `protobuf:"varint,6,opt,name=imex_channel,json=imexChannel,proto3,oneof" json:"imex_channel,omitempty"`
+	ImexChannel   *uint32 `protobuf:"varint,7,opt,name=imex_channel,json=imexChannel,proto3,oneof" json:"imex_channel,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -635,7 +637,7 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\bstep_end\x18\f \x01(\v2\x14.gpufence.v1.StepEndH\x00R\astepEnd\x127\n" +
 	"\n" +
 	"job_epilog\x18\r \x01(\v2\x16.gpufence.v1.JobEpilogH\x00R\tjobEpilog\x12=\n" +
-	"\fstep_channel\x18\x0e \x01(\v2\x18.gpufence.v1.StepChannelH\x00R\vstepChannelB\x05\n" +
+	"\fstep_channel\x18\x10 \x01(\v2\x18.gpufence.v1.StepChannelH\x00R\vstepChannelB\x05\n" +
 	"\x03msg\"a\n" +
 	"\tJobProlog\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x10\n" +
@@ -664,8 +666,8 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\x13slurm_local_indices\x18\x03 \x01(\bR\x11slurmLocalIndices\x12\x1f\n" +
 	"\vstep_cgroup\x18\x04 \x01(\tR\n" +
 	"stepCgroup\x12!\n" +
-	"\fimex_pending\x18\x05 \x01(\bR\vimexPending\x12&\n" +
-	"\fimex_channel\x18\x06 \x01(\rH\x00R\vimexChannel\x88\x01\x01B\x0f\n" +
+	"\fimex_pending\x18\x06 \x01(\bR\vimexPending\x12&\n" +
+	"\fimex_channel\x18\a \x01(\rH\x00R\vimexChannel\x88\x01\x01B\x0f\n" +
 	"\r_imex_channel*K\n" +
 	"\x0fProtocolVersion\x12 \n" +
 	"\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n" +
