@@ -10,6 +10,7 @@
 #
 # Run from the repository root. env: CC (default cc), SPANK_CFLAGS (the
 # Makefile's), STRIP (default strip; empty keeps debug info).
+# SPDX-License-Identifier: Apache-2.0
 set -eu
 
 if [ $# -lt 2 ]; then

@@ -3,6 +3,7 @@
 # file: nfpm expands globs only for plain files, and rpmlint wants every file
 # under /usr/share/doc marked %doc. Run from the repository root; `contents:`
 # is the last key of nfpm.yaml, so the entries extend it.
+# SPDX-License-Identifier: Apache-2.0
 set -eu
 cat packaging/nfpm.yaml
 for f in docs/*; do

@@ -7,6 +7,7 @@
 #   v1.2.3-4-gabc1234      -> 1.2.3+git4.abc1234        (after the tag: sorts above it)
 #   abc1234 (no tag)       -> 0.0.0~gitYYYYMMDD.abc1234 (EPOCH's date; sorts below any release)
 #   ...-dirty              -> ... .dirty
+# SPDX-License-Identifier: Apache-2.0
 set -eu
 v=${1#v}
 epoch=${2:-0}

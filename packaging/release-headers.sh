@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # release-headers.sh CACHE - the Slurm header folder of every release in
 # packaging/slurm-releases, fetched or unpacked once into CACHE, printed on
 # stdout one per line in the file's order (build-plugins.sh takes them as

@@ -14,6 +14,7 @@
 #        https://deb.debian.org/debian)
 #      DEBIAN_KEYRING (default /usr/share/keyrings/debian-archive-keyring.gpg)
 #      SLURM_HEADERS_ARCH (default amd64; the headers are the same on every arch)
+# SPDX-License-Identifier: Apache-2.0
 set -eu
 
 if [ $# -lt 1 ]; then

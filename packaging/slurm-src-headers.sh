@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # slurm-src-headers.sh CACHE TARBALL... - Slurm's C headers from release
 # source tarballs, for the Slurm releases Debian does not package.
 #

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package proto holds the plugin-agent protocol definition; the generated Go
 // code lives in gpufence/v1.
 package proto

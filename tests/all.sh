@@ -10,10 +10,11 @@
 #   22.05; empty: 22.05 only. Default 25.11+pcluster: ParallelCluster 3.16's
 #   release in ParallelCluster's layout (/opt/slurm, its gres.conf), a
 #   source build of about 6 min on 2 cores, within CI's budget; the other
-#   releases are `make e2e-matrix`'s (docs/testing.md).
+#   releases are `make e2e-matrix`'s (README.md, docs/parallelcluster.md).
 # GPUFENCE_CI_SLURM_RUN: go test -run for those releases (default: the
 #   isolation scenarios, both ConstrainDevices modes, the release's layout
 #   and device program, agent down); empty: the whole suite.
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/deps.sh

@@ -3,6 +3,7 @@
 # (as root): Debian packages and, when the machine has no Go new enough for
 # go.mod, the Go toolchain from the Go module proxy. Sourced by tests/all.sh and
 # tests/demo.sh; it changes PATH for the caller.
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 
 pkgs=(make gcc libc6-dev git curl unzip ca-certificates

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package adopt takes over jobs that were running when the agent started
 // with no record of them: the first start on a busy node (gpufence put in
 // place while training runs), or records lost. Without it their processes
@@ -352,7 +354,7 @@ func (a *Adopter) stepdJob(pid int) (uint32, bool) {
 	if err := syscall.Stat(dir, &st); err != nil || st.Uid != 0 {
 		return 0, false
 	}
-	if exe, err := os.Readlink(filepath.Join(dir, "exe")); err != nil || filepath.Base(exe) != "slurmstepd" {
+	if exe, err := os.Readlink(filepath.Join(dir, "exe")); err != nil || !isSlurmstepd(exe) {
 		return 0, false
 	}
 	cmd, err := os.ReadFile(filepath.Join(dir, "cmdline"))
@@ -370,6 +372,17 @@ func (a *Adopter) stepdJob(pid int) (uint32, bool) {
 		return 0, false
 	}
 	return uint32(n), true
+}
+
+// isSlurmstepd: the binary's name is SchedMD's slurmstepd, or Debian's
+// slurmstepd-wlm (/usr/sbin/slurmstepd is an alternatives link to it, and
+// the kernel names the file the link resolves to).
+func isSlurmstepd(exe string) bool {
+	switch filepath.Base(exe) {
+	case "slurmstepd", "slurmstepd-wlm":
+		return true
+	}
+	return false
 }
 
 // taskOwner is the uid of the job's task processes (the kernel's record

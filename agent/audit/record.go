@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package audit turns access decisions and agent lifecycle events into
 // numbered audit records and hands them to sinks (JSON Lines file, journald,
 // syslog) without ever blocking the caller.
@@ -37,9 +39,12 @@ const (
 	// EventGPUIdle: a job held a GPU below the idle utilization threshold
 	// for longer than metrics.idle_audit_after (once per idle spell).
 	EventGPUIdle Event = "gpu_idle"
-	// EventGPUTableMismatch: at start, Slurm's GPU table (gres.conf)
-	// disagreed with the GPUs the NVIDIA driver reports; severity error
-	// when the agent therefore gives no GPU to any step.
+	// EventGPUTableMismatch: Slurm's GPU table could not be confirmed: at
+	// start, slurmd -G and gres.conf disagreed or slurmd -G failed (error
+	// kinds sources_differ, slurmd_fewer, slurmd_failed, gres_unreadable),
+	// or the table disagreed with the GPUs the NVIDIA driver reports; at a
+	// reload (SIGHUP), the table had changed (table_changed). Severity
+	// error when the agent therefore gives no GPU to any step.
 	EventGPUTableMismatch Event = "gpu_table_mismatch"
 	// EventFilterReattached: Slurm's scope cgroup was made again (same
 	// path, new cgroup), so the filter's link was on a dead cgroup; the
@@ -52,13 +57,17 @@ const (
 	// audit-only or deny, policy_mode says which), or refused (no GPU).
 	// Also when an unconfirmed job is confirmed later.
 	EventJobAdopted Event = "job_adopted"
+	// EventVerify: gpufence verify ran its self-test on the node (a
+	// throw-away cgroup given one GPU through the filter): passed (info) or
+	// failed (error, naming each failed check).
+	EventVerify Event = "verify"
 )
 
 // Events are every kind the agent writes, in the schema's order.
 var Events = []Event{EventGPUAccess, EventAccessSuppressed, EventAgentStart, EventAgentStop, EventPolicyApplied,
 	EventPolicyReleased, EventFilterAttachFailed, EventLookupFailed, EventConfigReload, EventJobWithoutProlog,
 	EventAuditLoss, EventStaleEntryRemoved, EventStepUnfiltered, EventGPUIdle, EventGPUTableMismatch,
-	EventFilterReattached, EventJobAdopted}
+	EventFilterReattached, EventJobAdopted, EventVerify}
 
 func knownEvent(e Event) bool {
 	for _, k := range Events {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cgwatch tells when cgroup directories are removed, through
 // inotify: Slurm removes a step's cgroup when the step ends, so the agent
 // learns of a step's end from the kernel, with no call from slurmstepd

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package config holds the agent's settings: documented defaults, then the
 // file (/etc/gpufence/agent.yaml), then command-line flags. Every field is
 // validated at start and an error names the field and the file.
@@ -41,6 +43,18 @@ type Config struct {
 	// <prefix>/etc/slurm.conf and scontrol is there (ParallelCluster's
 	// /opt/slurm), else PATH.
 	SlurmBinDir string `yaml:"slurm_bin_dir"`
+	// SlurmdGPUTable is auto (the GPU table is slurmd's own, from
+	// `slurmd -G` with slurm_conf and node_name, cross-checked with
+	// gres.conf; when it fails, gres.conf's alone unless gres.conf uses
+	// AutoDetect), required (refuse to start when slurmd -G fails) or off
+	// (gres.conf only).
+	SlurmdGPUTable string `yaml:"slurmd_gpu_table"`
+	// Slurmd is the slurmd binary run as slurmd -G; empty: next to
+	// slurm_bin_dir (../sbin, or the folder itself), else
+	// <prefix>/sbin/slurmd when slurm_conf is <prefix>/etc/slurm.conf,
+	// else /usr/sbin or /usr/local/sbin (slurm.SlurmdPath). PATH is never
+	// searched: the agent runs it as root.
+	Slurmd string `yaml:"slurmd"`
 	// NodeName is this node's name in gres.conf (slurmd's -N); default the
 	// short host name.
 	NodeName string `yaml:"node_name"`
@@ -183,6 +197,13 @@ func checkListen(addr string) error {
 	return nil
 }
 
+// slurmd_gpu_table settings.
+const (
+	SlurmdGPUTableAuto     = "auto"
+	SlurmdGPUTableRequired = "required"
+	SlurmdGPUTableOff      = "off"
+)
+
 // NVML settings.
 const (
 	NVMLAuto     = "auto"
@@ -253,6 +274,7 @@ func Default() Config {
 		IMEXChannels:         IMEXAuto,
 		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
 		NVML:                 NVMLAuto,
+		SlurmdGPUTable:       SlurmdGPUTableAuto,
 		Metrics: Metrics{
 			Listen:         DefaultMetricsListen,
 			SampleInterval: Duration{15 * time.Second},
@@ -389,6 +411,14 @@ func (c Config) Validate(source string) error {
 	}
 	if c.FailOpenSpool != "" && !filepath.IsAbs(c.FailOpenSpool) {
 		bad("failopen_spool", "%q must be an absolute path (or empty)", c.FailOpenSpool)
+	}
+	if c.Slurmd != "" && !filepath.IsAbs(c.Slurmd) {
+		bad("slurmd", "%q must be an absolute path (or empty: found beside Slurm's other commands)", c.Slurmd)
+	}
+	switch c.SlurmdGPUTable {
+	case SlurmdGPUTableAuto, SlurmdGPUTableRequired, SlurmdGPUTableOff:
+	default:
+		bad("slurmd_gpu_table", "%q is not one of auto, required, off", c.SlurmdGPUTable)
 	}
 	switch c.NVML {
 	case NVMLAuto, NVMLRequired, NVMLOff:

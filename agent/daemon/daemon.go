@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package daemon puts the gpufence node agent together from its stages
 // (docs/architecture.md, "The agent's stages"): requests (agent/handler)
 // decide with agent/policy, write the kernel's map (agent/enforcer) and
@@ -103,6 +105,9 @@ type Daemon struct {
 
 	auditOnly atomic.Bool
 
+	// gresConf is the gres.conf the table was read beside.
+	gresConf string
+
 	persistStop context.CancelFunc
 	persistDone chan struct{}
 	closeOnce   sync.Once
@@ -126,9 +131,14 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	if err != nil {
 		return nil, err
 	}
-	if d.table, err = gputable.Load(st.GresConf, cfg.NodeName, nvidiaMajor, cfg.NvidiaCapsMajor); err != nil {
+	in := readTableSources(context.Background(), cfg, st.GresConf)
+	if cfg.SlurmdGPUTable == config.SlurmdGPUTableRequired && in.SlurmdErr != nil {
+		return nil, fmt.Errorf("slurmd_gpu_table is required: %w", in.SlurmdErr)
+	}
+	if d.table, err = gputable.Build(in, nvidiaMajor, cfg.NvidiaCapsMajor); err != nil {
 		return nil, err
 	}
+	d.gresConf = st.GresConf
 	d.logTable(st.GresConf)
 
 	if cfg.PinDir != "" {
@@ -176,6 +186,19 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		Recorder: rec, Users: d.users, Unconfirmed: cfg.AdoptUnconfirmed}
 
 	d.restore()
+	if d.store != nil {
+		// Only a store filled to the end counts as one at the next start.
+		if err := d.store.Commit(); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	if cfg.StateFile != "" {
+		// Now, not at the first job: gpufence status shows the table's source.
+		if err := statefile.Write(cfg.StateFile, d.snapshot()); err != nil {
+			d.log.Error("write the state file (gpufence status reads it while the agent is down)", "file", cfg.StateFile, "err", err)
+		}
+	}
 	if scope := d.enf.FindScope(); scope != "" {
 		// Jobs already running with no record (gpufence put on a busy
 		// node): slurmctld is asked now, and their entries are written
@@ -204,10 +227,45 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	return d, nil
 }
 
+// readTableSources reads what the GPU table is chosen from: gres.conf,
+// and slurmd's own table (slurmd -G) unless slurmd_gpu_table is off.
+func readTableSources(ctx context.Context, cfg config.Config, gresConf string) gputable.Input {
+	in := gputable.Input{GresConf: gresConf}
+	in.Gres, in.GresErr = slurm.ReadGres(gresConf, cfg.NodeName)
+	if cfg.SlurmdGPUTable == config.SlurmdGPUTableOff {
+		in.SlurmdOff = true
+		return in
+	}
+	bin, err := slurm.FindSlurmd(cfg.Slurmd, cfg.SlurmBinDir, cfg.SlurmConf)
+	if err != nil {
+		in.SlurmdErr = err
+		return in
+	}
+	sd := &slurm.Slurmd{Bin: bin, SlurmConf: cfg.SlurmConf, Node: cfg.NodeName}
+	in.Slurmd, in.SlurmdErr = sd.GPUs(ctx)
+	return in
+}
+
+// logTable logs the table, where it came from and why, and audits a
+// disagreement of its sources.
 func (d *Daemon) logTable(gresConf string) {
+	o := d.table.Origin()
 	gpus := d.table.GPUs()
+	attrs := []any{"source", o.Source, "gpus", len(gpus), "detail", o.Detail, "gres_conf", gresConf}
+	if o.Slurmd != "" {
+		attrs = append(attrs, "slurmd", o.Slurmd)
+	}
+	switch o.Severity {
+	case gputable.SeverityError:
+		d.log.Error("GPU table: Slurm's sources disagree; failing closed: steps that ask for a GPU are refused, CPU-only steps run", append(attrs, "untrusted", o.Untrusted)...)
+	case gputable.SeverityWarning:
+		d.log.Warn("GPU table", attrs...)
+	default:
+		d.log.Info("GPU table", attrs...)
+	}
+	d.auditOrigin(o, "at start")
 	if len(gpus) == 0 {
-		d.log.Warn("no GPU configured for this node in gres.conf; every job gets no GPU", "gres_conf", gresConf, "node", d.cfg.NodeName)
+		d.log.Warn("no GPU for this node in Slurm's GPU table; every job gets no GPU", "source", o.Source, "gres_conf", gresConf, "node", d.cfg.NodeName)
 	}
 	for _, g := range gpus {
 		if g.MIG {
@@ -217,6 +275,42 @@ func (d *Daemon) logTable(gresConf string) {
 		}
 		d.log.Info("gpu", "gpu", g.Index, "path", g.Path, "device", fmt.Sprintf("%d:%d", g.Major, g.Minor))
 	}
+}
+
+// auditOrigin records where the GPU table came from when its sources
+// disagree or one failed; when they agree there is nothing to record.
+func (d *Daemon) auditOrigin(o gputable.Origin, when string) {
+	if o.Kind == "" {
+		return
+	}
+	sev, msg := audit.SeverityWarning, fmt.Sprintf("%s, the GPU table is %s's; GPUs are still given out", when, o.Source)
+	if o.Untrusted != "" {
+		sev, msg = audit.SeverityError, fmt.Sprintf("%s, Slurm's GPU table sources (slurmd -G, gres.conf) cannot be trusted; steps that ask for a GPU are refused", when)
+	}
+	d.rec.Emit(audit.Record{Event: audit.EventGPUTableMismatch, Severity: sev, Message: msg, Error: o.Kind + ": " + o.Detail})
+}
+
+// ReloadGPUTable reads Slurm's GPU table again (on SIGHUP) and compares it
+// with the one in use, which stays: when it changed, or its sources now
+// disagree, steps that ask for a GPU are refused until the agent restarts
+// with the new table; the finding is logged and, when it refuses GPUs,
+// audited. It returns whether the table in use is trusted.
+func (d *Daemon) ReloadGPUTable(ctx context.Context) bool {
+	in := readTableSources(ctx, d.cfg, d.gresConf)
+	msg, ok := d.table.Recheck(in)
+	if ok {
+		d.log.Info("GPU table rechecked", "detail", msg)
+	} else {
+		d.log.Error("GPU table rechecked: failing closed: steps that ask for a GPU are refused, CPU-only steps run", "detail", msg)
+		d.rec.Emit(audit.Record{Event: audit.EventGPUTableMismatch, Severity: audit.SeverityError,
+			Message: "at reload, Slurm's GPU table no longer matches the one in use; steps that ask for a GPU are refused", Error: "table_changed: " + msg})
+	}
+	if d.cfg.StateFile != "" {
+		if err := statefile.Write(d.cfg.StateFile, d.snapshot()); err != nil {
+			d.log.Error("write the state file", "file", d.cfg.StateFile, "err", err)
+		}
+	}
+	return ok
 }
 
 func (d *Daemon) watchStep(cg devfilter.Cgroup) {
@@ -230,7 +324,9 @@ func (d *Daemon) watchStep(cg devfilter.Cgroup) {
 
 // restore takes back what an earlier agent recorded: the pinned store,
 // which survives any crash; where it is new (first start, or an agent that
-// kept only a state file), the state file, copied into the store.
+// kept only a state file), the state file, copied into the store (which
+// New then commits: a crash before that leaves no store, and the next
+// start copies the file again).
 func (d *Daemon) restore() {
 	var jobs []registry.Job
 	var steps []registry.Step
@@ -333,7 +429,7 @@ func unconfirmed(s string) string {
 }
 
 func (d *Daemon) snapshot() statefile.File {
-	st := statefile.File{Scope: d.enf.Scope(), Jobs: []statefile.Job{}}
+	st := statefile.File{Scope: d.enf.Scope(), Jobs: []statefile.Job{}, GPUTable: d.tableState()}
 	byJob := map[uint32][]statefile.Step{}
 	for _, s := range d.reg.Steps() {
 		byJob[s.JobID] = append(byJob[s.JobID], statefile.Step{ID: s.StepID, UID: s.UID, CgroupID: s.Cgroup.ID, Cgroup: s.Cgroup.Path, GPUs: s.GPUs,
@@ -344,6 +440,21 @@ func (d *Daemon) snapshot() statefile.File {
 			Recovered: j.Recovered, Adopted: j.Adopted, Unconfirmed: j.Unconfirmed, Dir: j.Dir, Created: j.Created, Steps: byJob[j.ID]})
 	}
 	return st
+}
+
+// tableState is the GPU table as gpufence status shows it.
+func (d *Daemon) tableState() *statefile.GPUTable {
+	o := d.table.Origin()
+	t := &statefile.GPUTable{Source: o.Source, Detail: o.Detail, Slurmd: o.Slurmd, GresConf: o.GresConf,
+		AutoDetect: o.AutoDetect, Untrusted: d.table.Untrusted(), GPUs: []statefile.TableGPU{}}
+	for _, g := range d.table.GPUs() {
+		files := g.Files
+		if len(files) == 0 {
+			files = []string{g.Path}
+		}
+		t.GPUs = append(t.GPUs, statefile.TableGPU{Index: g.Index, Type: g.Type, Files: files})
+	}
+	return t
 }
 
 func (d *Daemon) policyMode() string {
@@ -437,10 +548,10 @@ func (d *Daemon) SetInventory(gpus []inventory.GPU) []inventory.Mismatch {
 		d.log.Info("gpu identified by NVML", attrs...)
 	}
 	for _, m := range ms {
-		sev, msg := audit.SeverityWarning, "Slurm's GPU table (gres.conf) and the NVIDIA driver disagree; GPUs are still given out"
+		sev, msg := audit.SeverityWarning, "Slurm's GPU table ("+d.table.Origin().Source+") and the NVIDIA driver disagree; GPUs are still given out"
 		if m.Severity == inventory.SeverityError {
 			d.log.Error("GPU table mismatch", "kind", m.Kind, "detail", m.Message)
-			sev, msg = audit.SeverityError, "Slurm's GPU table (gres.conf) does not match the NVIDIA driver; steps that ask for a GPU are refused"
+			sev, msg = audit.SeverityError, "Slurm's GPU table ("+d.table.Origin().Source+") does not match the NVIDIA driver; steps that ask for a GPU are refused"
 		} else {
 			d.log.Warn("GPU table warning", "kind", m.Kind, "detail", m.Message)
 		}

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package daemon
 
 import (
@@ -173,6 +175,9 @@ func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
 func (tr *tree) daemonWith(mode devfilter.Mode, edit func(*config.Config)) (*Daemon, *logBuffer) {
 	cfg := config.Default()
 	cfg.SlurmConf = filepath.Join(tr.gres, "slurm.conf")
+	// The tree's slurm.conf is no node's: gres.conf alone (slurmd_test.go
+	// tests slurmd -G).
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff
 	cfg.Scope = tr.scope
 	cfg.PinDir = ""
 	cfg.StateFile = filepath.Join(tr.t.TempDir(), "state.json")
@@ -432,6 +437,7 @@ func TestStepRefusedOutsideSlurm(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "slurm.conf"), []byte("TaskPlugin=task/cgroup\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "gres.conf"), []byte("Name=gpu File=/dev/nvidia[0-1]\n"), 0o644)
 	cfg := config.Default()
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff // gres.conf alone: slurmd_test.go runs slurmd -G
 	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""

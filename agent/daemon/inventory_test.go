@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package daemon
 
 import (
@@ -40,6 +42,7 @@ func TestSetInventory(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "gres.conf"), []byte("Name=gpu File=/nonexistent/nvidia[3,2,1,0]\n"), 0o644)
 	newDaemon := func(logs io.Writer) *Daemon {
 		cfg := config.Default()
+		cfg.SlurmdGPUTable = config.SlurmdGPUTableOff // gres.conf alone: slurmd_test.go runs slurmd -G
 		cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 		cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 		cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""
@@ -159,6 +162,7 @@ func TestSetInventoryMIGSlice(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "gres.conf"), []byte("Name=gpu File=/nonexistent/nvidia0\n"+
 		"Name=gpu Type=3g.40gb MultipleFiles=/nonexistent/nvidia1,/nonexistent/nvidia-caps/nvidia-cap147,/nonexistent/nvidia-caps/nvidia-cap148\n"), 0o644)
 	cfg := config.Default()
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff // gres.conf alone: slurmd_test.go runs slurmd -G
 	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package daemon
 
 import (
@@ -285,6 +287,7 @@ func TestPrivilegedStepCycles(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(elog, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	rec := &countRecorder{}
 	cfg := config.Default()
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff // gres.conf alone: slurmd_test.go runs slurmd -G
 	cfg.SlurmConf = filepath.Join(tr.gres, "slurm.conf")
 	cfg.Scope = tr.scope
 	cfg.PinDir = pinDir

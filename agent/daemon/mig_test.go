@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package daemon
 
 import (
@@ -98,6 +100,7 @@ func testDaemonMIG(t *testing.T, mode devfilter.Mode) {
 	}
 	tr.migGres()
 	cfg := config.Default()
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff // gres.conf alone: slurmd_test.go runs slurmd -G
 	cfg.SlurmConf = filepath.Join(tr.gres, "slurm.conf")
 	cfg.Scope = tr.scope
 	cfg.PinDir, cfg.FailOpenSpool = "", ""
@@ -178,6 +181,7 @@ func TestMIGNeedsCapsMajor(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "slurm.conf"), []byte("TaskPlugin=task/cgroup\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "gres.conf"), []byte("Name=gpu File="+dir+"/nvidia0\nName=gpu MultipleFiles="+dir+"/nvidia1,"+dir+"/nvidia-caps/nvidia-cap147\n"), 0o644)
 	cfg := config.Default()
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff // gres.conf alone: slurmd_test.go runs slurmd -G
 	cfg.SlurmConf = filepath.Join(dir, "slurm.conf")
 	cfg.Scope = "/sys/fs/cgroup/none-such-scope"
 	cfg.PinDir, cfg.StateFile, cfg.FailOpenSpool = "", "", ""

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package daemon
 
 import (
@@ -58,6 +60,7 @@ func TestPrivilegedObserverFollowsJobs(t *testing.T) {
 	tr := newTree(t)
 	mode, _ := devfilter.Probe()
 	cfg := config.Default()
+	cfg.SlurmdGPUTable = config.SlurmdGPUTableOff // gres.conf alone: slurmd_test.go runs slurmd -G
 	cfg.SlurmConf = filepath.Join(tr.gres, "slurm.conf")
 	cfg.Scope = tr.scope
 	cfg.PinDir = ""

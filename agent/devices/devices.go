@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package devices maps Slurm's GPU table to device numbers: which char majors
 // the NVIDIA driver uses (GPUs, nvidia-caps) and which minors each GPU or MIG
 // slice's device files have.

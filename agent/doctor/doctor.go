@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package doctor checks that a node is ready for gpufence: cgroup v2, the
 // kernel features of the device filter, bpffs, Slurm's version against the
 // installed SPANK plugin, the plugstack line, Slurm's cgroup settings,
@@ -18,6 +20,7 @@ import (
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -82,6 +85,12 @@ type Env struct {
 	// Inventory lists the GPUs through NVML (inventory.OpenSystem); nil
 	// skips the NVML check.
 	Inventory func() ([]inventory.GPU, error)
+	// SlurmdG finds this node's slurmd (the slurmd setting, else
+	// slurm.SlurmdPath) and runs slurmd
+	// -G (slurm.Slurmd) for the gres check, as the agent does; nil skips
+	// it, for SlurmdGSkip.
+	SlurmdG     func(binDir, slurmConf, node string) (slurm.SlurmdView, error)
+	SlurmdGSkip string
 	// SearchPath is the PATH searched for slurmd and srun (before
 	// /usr/sbin, /usr/local/sbin and /opt/slurm/sbin).
 	SearchPath string

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package doctor
 
 import (
@@ -9,9 +11,13 @@ import (
 	"strconv"
 	"strings"
 
+	"time"
+
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/devices"
+	"github.com/gpufence/gpufence/agent/gputable"
 	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -197,7 +203,7 @@ func orDefault(v, def string) string {
 var nvidiaDev = regexp.MustCompile(`/nvidia([0-9]+)$`)
 
 func (r *run) checkGres() Check {
-	c := newCheck("gres", "gres.conf against the device nodes")
+	c := newCheck("gres", "Slurm's GPU table (slurmd -G, gres.conf) against the device nodes")
 	if r.slurm.Err != nil {
 		c.skip("slurm.conf unreadable (see slurm-conf)")
 		return c
@@ -228,24 +234,30 @@ func (r *run) checkGres() Check {
 	if capsMajor != 0 {
 		c.add("nvidia-caps major %d, from /proc/devices", capsMajor)
 	}
-	gpus, err := slurm.ReadGresGPUs(r.env.path(gres), node)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		c.info("no %s: no GPU configured, every job gets no GPU", gres)
+	conf, gerr := slurm.ReadGres(r.env.path(gres), node)
+	gpus, done := r.gpuTable(&c, gres, conf, gerr)
+	if done {
 		return c
-	case errors.Is(err, slurm.ErrNoGPUs):
-		if lines, lerr := slurm.ReadLines(r.env.path(gres)); lerr == nil {
-			if v, ok := get(lines, "AutoDetect"); ok && !strings.EqualFold(v, "off") {
-				c.warn("List the GPUs with File= lines in gres.conf (AutoDetect may stay on).",
-					"gres.conf sets AutoDetect=%s but lists no File= GPU for node %s: GPUs that only autodetection finds are unknown to gpufence and jobs given one are refused", v, node)
+	}
+	if gpus == nil {
+		// slurmd -G not run: gres.conf alone, as the agent reads it then.
+		gpus = conf.GPUs
+		switch err := gerr; {
+		case errors.Is(err, os.ErrNotExist):
+			c.info("no %s: no GPU configured, every job gets no GPU", gres)
+			return c
+		case errors.Is(err, slurm.ErrNoGPUs):
+			if v := conf.AutoDetect; v != "" {
+				c.warn("Run gpufence doctor as root on the node itself (it runs slurmd -G, where the agent takes the table from), or list the GPUs with File= lines in gres.conf.",
+					"gres.conf sets AutoDetect=%s but lists no File= GPU for node %s, and slurmd -G was not run: the agent's GPU table is slurmd's, not known here", v, node)
 				return c
 			}
+			c.info("no GPU with File= in %s for node %s: every job gets no GPU", gres, node)
+			return c
+		case err != nil:
+			c.fail("Fix gres.conf: the agent does not start with this error.", "%s", unwrapPath(err, r.env))
+			return c
 		}
-		c.info("no GPU with File= in %s for node %s: every job gets no GPU", gres, node)
-		return c
-	case err != nil:
-		c.fail("Fix gres.conf: the agent does not start with this error.", "%s", unwrapPath(err, r.env))
-		return c
 	}
 
 	// Each file against its name: wrong ones first, they have the most
@@ -295,6 +307,57 @@ func (r *run) checkGres() Check {
 		c.ok("%s for node %s in %s, each device node of the right major with the minor its name says", what, node, gres)
 	}
 	return c
+}
+
+// gpuTable asks slurmd for its GPU table (slurmd -G) as the agent does,
+// chooses the agent's table as the agent does (gputable.Choose) and notes
+// where it came from. It returns the table, nil when slurmd -G was not
+// run (off, or not on this node), and done when the check is over.
+func (r *run) gpuTable(c *Check, gres string, conf slurm.GresConf, gerr error) (gpus []slurm.GPU, done bool) {
+	cfg := r.env.Config
+	in := gputable.Input{GresConf: gres, Gres: conf, GresErr: gerr}
+	switch {
+	case cfg.SlurmdGPUTable == config.SlurmdGPUTableOff:
+		c.add("slurmd_gpu_table is off: the agent's GPU table is gres.conf's alone")
+		return nil, false
+	case r.env.SlurmdG == nil:
+		c.add("slurmd -G not run (%s): gres.conf alone is checked", orDefault(r.env.SlurmdGSkip, "not asked"))
+		return nil, false
+	}
+	in.Slurmd, in.SlurmdErr = r.env.SlurmdG(cfg.SlurmBinDir, cfg.SlurmConf, cfg.NodeName)
+	gpus, o, err := gputable.Choose(in)
+	if err != nil {
+		c.fail("Fix gres.conf, or whatever stops slurmd -G (run it by hand to see): the agent does not start without a GPU table.", "%s", unwrapPath(err, r.env))
+		return nil, true
+	}
+	if o.Slurmd != "" {
+		c.add("ran %s (%s)", o.Slurmd, in.Slurmd.Took.Round(time.Millisecond))
+	}
+	c.add("the agent's GPU table: %s: %s", o.Source, o.Detail)
+	for _, g := range gpus {
+		c.add("GPU %d: %s%s", g.Index, strings.Join(g.Files, ","), map[bool]string{true: " (type " + g.Type + ")", false: ""}[g.Type != ""])
+	}
+	if cfg.SlurmdGPUTable == config.SlurmdGPUTableRequired && in.SlurmdErr != nil {
+		c.fail("Fix what stops slurmd -G (run it by hand to see), or set slurmd_gpu_table: auto.", "slurmd_gpu_table is required and slurmd -G failed: %v", in.SlurmdErr)
+		return nil, true
+	}
+	fix := map[string]string{
+		"slurmd_failed":   fmt.Sprintf("Run slurmd -G -f %s -N %s by hand to see why it fails; set slurmd (its path) if this node's slurmd is elsewhere.", cfg.SlurmConf, cfg.NodeName),
+		"sources_differ":  "Make gres.conf's File= lines name the devices in the order slurmd -G prints them (or use AutoDetect), and remove any fake_gpus.conf beside slurm.conf; then restart slurmd and the agent.",
+		"slurmd_fewer":    "Make slurm.conf's Gres= count on this node's NodeName line match gres.conf.",
+		"gres_unreadable": "Fix gres.conf so that gpufence can read it (the agent then cross-checks slurmd's table with it).",
+	}[o.Kind]
+	switch o.Severity {
+	case gputable.SeverityError:
+		c.fail(fix, "%s", o.Untrusted)
+	case gputable.SeverityWarning:
+		c.warn(fix, "%s", o.Detail)
+	}
+	if len(gpus) == 0 {
+		c.info("no GPU in the agent's GPU table (%s) for node %s: every job gets no GPU", o.Source, cfg.NodeName)
+		return nil, true
+	}
+	return gpus, false
 }
 
 var capsDev = regexp.MustCompile(`/nvidia-cap([0-9]+)$`)

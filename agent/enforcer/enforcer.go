@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package enforcer is the kernel stage of the agent: it keeps the device
 // filter attached to Slurm's live scope, writes and releases each cgroup's
 // entry, keeps Slurm's own cgroups (system, slurmd) allowed, and removes
@@ -455,4 +457,36 @@ func (e *Enforcer) Busy() bool {
 		return false
 	}
 	return true
+}
+
+// Guards says whether the filter guards Slurm's scope live as it is now,
+// without changing anything (gpufence verify reports what it finds, it
+// does not repair it): its mode, the scope it is on, and "" or why it does
+// not guard live. In per-cgroup mode nothing is on the scope; the filter
+// then only has to be there, attached to that scope's steps.
+func (e *Enforcer) Guards(live string) (mode devfilter.Mode, scope, problem string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.filter == nil {
+		return "", "", "no device filter is attached (Slurm's scope did not exist when the agent started, or attaching failed)"
+	}
+	mode, scope = e.filter.Mode(), e.scope
+	if live != e.scope {
+		return mode, scope, fmt.Sprintf("the device filter is on %s, but Slurm's scope is %s", e.scope, live)
+	}
+	if mode != devfilter.ModeScope {
+		return mode, scope, ""
+	}
+	id, err := jobcgroup.ID(live)
+	if err != nil {
+		return mode, scope, fmt.Sprintf("Slurm's scope %s: %v", live, err)
+	}
+	linked, err := e.filter.ScopeCgroupID()
+	if err != nil {
+		return mode, scope, fmt.Sprintf("the device filter's scope link cannot be read: %v", err)
+	}
+	if linked != id {
+		return mode, scope, fmt.Sprintf("the device filter's link is on cgroup %d, but Slurm's scope %s is cgroup %d (the scope was made again and the link is defunct, or it was detached)", linked, live, id)
+	}
+	return mode, scope, ""
 }

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package events turns the kernel's reports of GPU accesses into audit
 // records, in one direction: the ring buffer reader → a bounded queue →
 // attribution → the sinks (as Tetragon does). The reader only reads and

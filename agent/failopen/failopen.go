@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package failopen reads the SPANK plugin's fail-open spool: the steps that
 // failure=open let run WITHOUT GPU isolation because no agent answered.
 // Each becomes a step_unfiltered audit record once an agent runs again.

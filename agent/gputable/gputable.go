@@ -1,7 +1,10 @@
-// Package gputable is the node's GPU table: Slurm's GPU indices (gres.conf),
-// the device files and minors each one opens, and what the NVIDIA driver
-// says of them. It is built once at start and read by every stage: the
-// step decision (which minors an index opens), attribution (which index a
+// SPDX-License-Identifier: Apache-2.0
+
+// Package gputable is the node's GPU table: Slurm's GPU indices, the
+// device files and minors each one opens, and what the NVIDIA driver says
+// of them. It is built once at start from slurmd's own view (slurmd -G),
+// cross-checked with gres.conf (Choose), and read by every stage: the step
+// decision (which minors an index opens), attribution (which index a
 // device is) and metrics.
 package gputable
 
@@ -10,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/gpufence/gpufence/agent/devices"
@@ -33,24 +37,189 @@ type Table struct {
 	byMinor map[uint32][]int
 	byCaps  map[uint32][]int
 
-	nvml atomic.Pointer[nvmlView]
+	origin Origin
+	// sources is why Slurm's sources make the table unusable now ("" when
+	// they agree): set from origin at start, again at each Recheck.
+	sources atomic.Pointer[string]
+	nvml    atomic.Pointer[nvmlView]
 }
 
-// Load reads the GPUs gres.conf gives node and resolves their device
-// files. A node with none is no error: every job then gets no GPU.
-func Load(gresConf, node string, nvidiaMajor, capsMajor uint32) (*Table, error) {
-	t := &Table{NvidiaMajor: nvidiaMajor, CapsMajor: capsMajor, gpus: map[int]devices.GPU{},
-		devs: map[int]policy.Devices{}, byMinor: map[uint32][]int{}, byCaps: map[uint32][]int{}}
-	table, err := slurm.ReadGresGPUs(gresConf, node)
+// Sources of the table.
+const (
+	SourceSlurmd   = "slurmd -G"
+	SourceGresConf = "gres.conf"
+)
+
+// Origin says where the table came from and why.
+type Origin struct {
+	// Source is SourceSlurmd or SourceGresConf.
+	Source string `json:"source"`
+	// Detail says why that source, and what the other one said.
+	Detail string `json:"detail"`
+	// Severity is info (the sources agree, or only one was asked), warning
+	// (they differ, or slurmd -G failed, in a way that gives no job another
+	// GPU) or error (Untrusted is set).
+	Severity string `json:"severity"`
+	// Kind names a disagreement for audit records: slurmd_failed,
+	// slurmd_fewer, sources_differ; "" when there is none.
+	Kind string `json:"kind,omitempty"`
+	// Untrusted is why no step may get a GPU: the sources disagree on
+	// which device an index is, or only slurmd knows and it failed.
+	Untrusted string `json:"untrusted,omitempty"`
+	// Slurmd is the slurmd -G command run ("" when not run).
+	Slurmd string `json:"slurmd,omitempty"`
+	// GresConf is the gres.conf read; AutoDetect its AutoDetect= value.
+	GresConf   string `json:"gres_conf"`
+	AutoDetect string `json:"autodetect,omitempty"`
+}
+
+// Severities of an Origin.
+const (
+	SeverityInfo    = "info"
+	SeverityWarning = "warning"
+	SeverityError   = "error"
+)
+
+// Input is what the table is chosen from.
+type Input struct {
+	// GresConf is the path of gres.conf; Gres what it says for the node,
+	// GresErr why it could not be read (slurm.ErrNoGPUs: no GPU record).
+	GresConf string
+	Gres     slurm.GresConf
+	GresErr  error
+	// SlurmdOff: slurmd_gpu_table is off, slurmd -G was not run.
+	SlurmdOff bool
+	// Slurmd is slurmd -G's table, SlurmdErr why it could not be read.
+	Slurmd    slurm.SlurmdView
+	SlurmdErr error
+}
+
+// Choose picks the node's GPU table from slurmd's view and gres.conf, and
+// says why (pure; docs/configuration.md "Where the GPU table comes from"):
+//   - slurmd's table when slurmd -G worked: it is what Slurm numbers
+//     jobs' GPUs by. Without AutoDetect, gres.conf must say the same (or
+//     name more GPUs, which slurmd drops when slurm.conf counts fewer);
+//     when an index is another device in each, the table is untrusted:
+//     gpufence cannot tell which device Slurm gives out.
+//     When gres.conf cannot be read, nothing cross-checks slurmd's
+//     table: untrusted too.
+//   - gres.conf's when slurmd -G failed or is off, but not under
+//     AutoDetect, where only slurmd knows the GPUs and their order: then
+//     the table is untrusted (with slurmd_gpu_table off, gres.conf's
+//     File= lines sorted by file, as before this check existed).
+//
+// An error is returned where no table at all can be made: gres.conf
+// unreadable and slurmd -G off or failed.
+func Choose(in Input) ([]slurm.GPU, Origin, error) {
+	o := Origin{GresConf: in.GresConf, AutoDetect: in.Gres.AutoDetect, Slurmd: in.Slurmd.Command}
+	gres, gresErr := in.Gres.GPUs, in.GresErr
+	if errors.Is(gresErr, slurm.ErrNoGPUs) {
+		gres, gresErr = nil, nil
+	}
+	auto := in.Gres.AutoDetect
+	if in.SlurmdOff || in.SlurmdErr != nil {
+		if gresErr != nil {
+			if in.SlurmdErr != nil {
+				return nil, o, fmt.Errorf("no GPU table: %w; and %w", in.SlurmdErr, gresErr)
+			}
+			return nil, o, gresErr
+		}
+		o.Source = SourceGresConf
+		switch {
+		case in.SlurmdOff && auto != "":
+			o.Severity = SeverityWarning
+			o.Detail = fmt.Sprintf("slurmd_gpu_table is off: gres.conf's %d GPU(s) with File=, sorted by file; gres.conf sets AutoDetect=%s, so slurmd may order them by the driver's links and add GPUs gres.conf does not name", len(gres), auto)
+		case in.SlurmdOff:
+			o.Severity = SeverityInfo
+			o.Detail = fmt.Sprintf("slurmd_gpu_table is off: gres.conf's %d GPU(s)", len(gres))
+		case auto != "":
+			o.Severity, o.Kind = SeverityError, "slurmd_failed"
+			o.Detail = fmt.Sprintf("slurmd -G failed: %v", in.SlurmdErr)
+			o.Untrusted = fmt.Sprintf("gres.conf sets AutoDetect=%s, so only slurmd knows which device each GPU index is, and slurmd -G failed (%v); gpufence gives no GPU to any step until it works (fix it, then send the agent SIGHUP or restart it)", auto, in.SlurmdErr)
+		default:
+			o.Severity, o.Kind = SeverityWarning, "slurmd_failed"
+			o.Detail = fmt.Sprintf("slurmd -G failed, so gres.conf's %d GPU(s) are used without slurmd's cross-check: %v", len(gres), in.SlurmdErr)
+		}
+		return gres, o, nil
+	}
+	sd := in.Slurmd.GPUs
+	o.Source = SourceSlurmd
 	switch {
-	case errors.Is(err, slurm.ErrNoGPUs):
-		return t, nil
-	case err != nil:
+	case gresErr != nil:
+		// Nothing vouches for slurmd's GPUs but NVML, which may be absent:
+		// fail closed rather than trust one source unchecked.
+		o.Severity, o.Kind = SeverityError, "gres_unreadable"
+		o.Detail = fmt.Sprintf("slurmd's %d GPU(s); gres.conf could not be read to cross-check them: %v", len(sd), gresErr)
+		o.Untrusted = fmt.Sprintf("gpufence cannot read gres.conf to cross-check slurmd's GPU table (%v); gpufence gives no GPU to any step until it can (fix gres.conf, then restart the agent)", gresErr)
+	case auto != "":
+		o.Severity = SeverityInfo
+		o.Detail = fmt.Sprintf("slurmd's %d GPU(s): gres.conf sets AutoDetect=%s, so slurmd's table (what it found, in its order) is the authority; gres.conf names %d", len(sd), auto, len(gres))
+		if i, ok := firstDifference(sd, gres); ok {
+			o.Detail += "; " + describeDifference(i, sd, gres)
+		}
+	default:
+		i, differ := firstDifference(sd, gres)
+		switch {
+		case !differ:
+			o.Severity = SeverityInfo
+			o.Detail = fmt.Sprintf("slurmd's %d GPU(s), the same as gres.conf's", len(sd))
+		case i == len(sd):
+			// slurmd dropped the GPUs past slurm.conf's count: the indices
+			// it keeps are gres.conf's.
+			o.Severity, o.Kind = SeverityWarning, "slurmd_fewer"
+			o.Detail = fmt.Sprintf("slurmd's %d GPU(s); gres.conf names %d: slurmd uses only the first %d (slurm.conf's Gres= counts fewer); no job gets the others", len(sd), len(gres), len(sd))
+		default:
+			o.Severity, o.Kind = SeverityError, "sources_differ"
+			o.Detail = describeDifference(i, sd, gres)
+			o.Untrusted = fmt.Sprintf("slurmd -G and gres.conf disagree on which device a GPU index is (%s); gpufence gives no GPU to any step until they agree (fix gres.conf, or look for a fake_gpus.conf beside it; then restart slurmd and the agent)", o.Detail)
+		}
+	}
+	return sd, o, nil
+}
+
+// firstDifference is the first index whose device files differ between
+// a and b (len(a) when a is a prefix of b, len(b) when b is one of a).
+func firstDifference(a, b []slurm.GPU) (int, bool) {
+	for i := 0; i < min(len(a), len(b)); i++ {
+		if !slices.Equal(files(a[i]), files(b[i])) {
+			return i, true
+		}
+	}
+	return min(len(a), len(b)), len(a) != len(b)
+}
+
+func files(g slurm.GPU) []string {
+	if len(g.Files) == 0 {
+		return []string{g.Path}
+	}
+	return g.Files
+}
+
+func describeDifference(i int, sd, gres []slurm.GPU) string {
+	side := func(t []slurm.GPU) string {
+		if i >= len(t) {
+			return "absent"
+		}
+		return strings.Join(files(t[i]), ",")
+	}
+	return fmt.Sprintf("GPU index %d is %s for slurmd -G, %s in gres.conf", i, side(sd), side(gres))
+}
+
+// Build chooses the table (Choose) and resolves its device files.
+func Build(in Input, nvidiaMajor, capsMajor uint32) (*Table, error) {
+	gpus, o, err := Choose(in)
+	if err != nil {
 		return nil, err
 	}
-	resolved, err := devices.Resolve(table, nvidiaMajor, capsMajor)
+	t := &Table{NvidiaMajor: nvidiaMajor, CapsMajor: capsMajor, gpus: map[int]devices.GPU{},
+		devs: map[int]policy.Devices{}, byMinor: map[uint32][]int{}, byCaps: map[uint32][]int{}, origin: o}
+	t.sources.Store(&o.Untrusted)
+	if len(gpus) == 0 {
+		return t, nil
+	}
+	resolved, err := devices.Resolve(gpus, nvidiaMajor, capsMajor)
 	if err != nil {
-		return nil, fmt.Errorf("GPU table from %s: %w", gresConf, err)
+		return nil, fmt.Errorf("GPU table from %s: %w", o.Source, err)
 	}
 	for _, g := range resolved {
 		t.gpus[g.Index] = g
@@ -61,6 +230,55 @@ func Load(gresConf, node string, nvidiaMajor, capsMajor uint32) (*Table, error) 
 		}
 	}
 	return t, nil
+}
+
+// Load reads the GPUs gres.conf gives node and resolves their device
+// files, without asking slurmd (slurmd_gpu_table: off). A node with none
+// is no error: every job then gets no GPU.
+func Load(gresConf, node string, nvidiaMajor, capsMajor uint32) (*Table, error) {
+	g, err := slurm.ReadGres(gresConf, node)
+	return Build(Input{GresConf: gresConf, Gres: g, GresErr: err, SlurmdOff: true}, nvidiaMajor, capsMajor)
+}
+
+// Origin says where the table came from, as chosen at start.
+func (t *Table) Origin() Origin { return t.origin }
+
+// Recheck compares what the sources say now (a reload) with the table in
+// use, which stays: the kernel entries of running jobs were made from
+// it. When they no longer match, or now disagree with each other, no step
+// gets a GPU until the agent restarts with the new table; when they match
+// again, GPUs are given out again. It returns what was found, one
+// sentence, and whether the table is usable.
+func (t *Table) Recheck(in Input) (string, bool) {
+	gpus, o, err := Choose(in)
+	var why string
+	switch {
+	case err != nil:
+		why = fmt.Sprintf("the GPU table could not be read again (%v); the agent keeps the one it started with", err)
+		return why, t.Untrusted() == ""
+	case o.Untrusted != "":
+		why = o.Untrusted
+	default:
+		cur := t.GPUs()
+		rows := make([]slurm.GPU, len(cur))
+		for i, g := range cur {
+			rows[i] = g.GPU
+		}
+		if i, differ := firstDifference(gpus, rows); differ {
+			side := func(t []slurm.GPU) string {
+				if i >= len(t) {
+					return "absent"
+				}
+				return strings.Join(files(t[i]), ",")
+			}
+			why = fmt.Sprintf("Slurm's GPU table (%s) changed since the agent started: GPU index %d is %s now, %s in the table in use; gpufence gives no GPU to any step until the agent restarts with the new table (systemctl restart gpufence)", o.Source, i, side(gpus), side(rows))
+		}
+	}
+	t.sources.Store(&why)
+	if why == "" {
+		return fmt.Sprintf("Slurm's GPU table is unchanged (%s: %s)", o.Source, o.Detail), true
+	}
+	return why, false
 }
 
 // GPUs returns the table's GPUs by index.
@@ -183,8 +401,8 @@ func (t *Table) CheckNVML(gpus []inventory.GPU) ([]Identified, []inventory.Misma
 		if len(errs) > 1 {
 			more = fmt.Sprintf(" (and %d more)", len(errs)-1)
 		}
-		v.untrusted = fmt.Sprintf("this node's GPU table (gres.conf) does not match the NVIDIA driver: %s%s; gpufence gives no GPU to any step until they agree (see the agent's log or gpufence doctor)",
-			errs[0].Message, more)
+		v.untrusted = fmt.Sprintf("this node's GPU table (%s) does not match the NVIDIA driver: %s%s; gpufence gives no GPU to any step until they agree (see the agent's log or gpufence doctor)",
+			t.origin.Source, errs[0].Message, more)
 	}
 	t.nvml.Store(v)
 	return ids, ms
@@ -212,9 +430,13 @@ func (t *Table) NVMLGPU(index int) (inventory.GPU, bool) {
 	return g, ok
 }
 
-// Untrusted is why no GPU may be given now; "" when the table is trusted
-// (or there is no NVML to check it against).
+// Untrusted is why no GPU may be given now; "" when the table is trusted:
+// Slurm's sources agree (Choose, Recheck) and NVML, where there is one,
+// agrees with them.
 func (t *Table) Untrusted() string {
+	if why := t.sources.Load(); why != nil && *why != "" {
+		return *why
+	}
 	if v := t.nvml.Load(); v != nil {
 		return v.untrusted
 	}

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package handler answers the SPANK plugin's requests, each in one pass:
 // the request → the policy decision (agent/policy) → the kernel map update
 // (agent/enforcer) → the record (agent/registry) → the reply. It holds no
@@ -13,9 +15,11 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/enforcer"
 	"github.com/gpufence/gpufence/agent/imexchan"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
@@ -39,6 +43,8 @@ type Table interface {
 	Devices(gpus []int) (policy.DeviceSet, error)
 	Unknown(gpus []int) (int, bool)
 	Untrusted() string
+	// GPUs is every GPU of the table, by index (gpufence verify).
+	GPUs() []devices.GPU
 }
 
 // Settings are Slurm's settings that change the answer (local numbering).
@@ -70,6 +76,10 @@ type Handler struct {
 	IMEXFromSlurm bool
 	// IMEX reads a process's channel; the zero value reads /proc.
 	IMEX imexchan.Reader
+
+	// verifying are the cgroups gpufence verify registered, by id.
+	verifyMu  sync.Mutex
+	verifying map[uint64]verifying
 }
 
 func (h *Handler) emit(ev audit.Event, sev audit.Severity, msg string, fill func(*audit.Record)) {
@@ -98,6 +108,10 @@ func (h *Handler) Handle(_ context.Context, p peer.Peer, req *pb.Request) *pb.Re
 	case *pb.Request_JobEpilog:
 		h.JobEnded(m.JobEpilog.GetJobId(), "job ended")
 		resp = &pb.Response{}
+	case *pb.Request_VerifyStart:
+		resp, err = h.verifyStart(p, m.VerifyStart)
+	case *pb.Request_VerifyEnd:
+		resp, err = h.verifyEnd(m.VerifyEnd)
 	default:
 		err = errors.New("empty or unknown request (plugin newer than agent?)")
 	}
@@ -235,15 +249,24 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 		resp.Gpus = append(resp.Gpus, uint32(g))
 	}
 	var imex []uint32
-	if prev, ok := h.Registry.Step(jobID, stepID); ok && prev.Cgroup.ID == cg.ID && slices.Equal(prev.GPUs, dec.GPUs) && prev.AuditOnly == auditOnly {
+	prev, hadPrev := h.Registry.Step(jobID, stepID)
+	if hadPrev && prev.Cgroup.ID == cg.ID && slices.Equal(prev.GPUs, dec.GPUs) && prev.AuditOnly == auditOnly {
 		return resp, nil // a repeated request
-	} else if ok && prev.Cgroup.ID == cg.ID && resp.ImexPending {
+	} else if hadPrev && prev.Cgroup.ID == cg.ID && resp.ImexPending {
 		imex = prev.IMEXChannels // learned already, from this very cgroup
 	}
+	// The record first, then the kernel entry: a crash between them leaves
+	// a record whose entry the next start writes (beforeEnforce), never an
+	// entry the agent has no record of.
+	placeholder := h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly, IMEXChannels: imex}, loc.Job)
 	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: auditOnly, IMEXChannels: imex}); err != nil {
+		h.Registry.RemoveCgroup(cg.ID)
+		if hadPrev && prev.Cgroup.ID == cg.ID {
+			h.Registry.AddStep(prev, loc.Job) // its entry is still the kernel's
+		}
 		return nil, fmt.Errorf("step %s: cannot install its GPU policy: %v", name, err)
 	}
-	if h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly, IMEXChannels: imex}, loc.Job) {
+	if placeholder {
 		// No prolog (CPU-only use only, see policy.ForStep): the record
 		// lets the step's entry go when it ends.
 		h.emit(audit.EventJobWithoutProlog, audit.SeverityWarning, dec.Note, func(r *audit.Record) {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package inventory reads the node's GPUs as the NVIDIA driver knows them
 // (through NVML) and checks them against Slurm's GPU table.
 package inventory

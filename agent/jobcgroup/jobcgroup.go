@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package jobcgroup finds where a Slurm job step lives in the cgroup v2 tree,
 // always from a process's own /proc/<pid>/cgroup, never by building a path from
 // a job id (Slurm's naming changes between releases, e.g. SLUID job dirs in

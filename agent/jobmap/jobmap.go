@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package jobmap keeps dcgm-exporter's HPC job mapping files: a directory
 // (dcgm-exporter's --hpc-job-mapping-dir) with one file per GPU, named by
 // the GPU's number as dcgm-exporter labels it (gpu="N"), holding the ids of

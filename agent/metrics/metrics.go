@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package metrics exports the agent's state to Prometheus: access decisions,
 // audit loss, plugin request latency, and which job holds which GPU with its
 // utilization and idle time. It also keeps dcgm-exporter's job mapping files

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package peer is the process at the other end of a unix socket, as the
 // kernel reports it (SO_PEERCRED, SO_PEERPIDFD): what the agent knows of
 // who asks, never what the request says.

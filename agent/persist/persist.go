@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package persist writes the agent's records to its state file, off the
 // request path: woken by every change, it writes the newest snapshot
 // (temp file, fsync, rename) at most every Interval, and once more at stop.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package policy decides which GPUs a job step may open. It is pure: no
 // kernel, no files. The job prolog's list, which slurmd takes from the signed
 // job credential, is the ceiling; a step can only narrow it.

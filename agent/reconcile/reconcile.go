@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package reconcile keeps the agent's records true to the node between
 // requests: steps whose cgroup Slurm removed (told by inotify at once, and
 // found by a periodic pass when a watch was missed), jobs slurmctld says

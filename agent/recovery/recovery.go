@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package recovery asks slurmctld what the agent's own records cannot say:
 // the GPUs of a job whose prolog record is missing (agent down at job
 // start, state lost), and whether a job whose epilog never came has ended.
@@ -31,8 +33,12 @@ type Table interface {
 // for.
 const Retry = 5 * time.Second
 
-// Timeout bounds one question.
-const Timeout = 5 * time.Second
+// Timeout bounds one question. A step of a job the agent holds no record
+// of waits for the answer, so it stays well inside one try of the plugin's
+// default timeout=5 (slurmctld answers in tens of milliseconds when well):
+// a slow slurmctld costs that step a refusal, never the step's whole
+// budget of 1.5 × timeout.
+const Timeout = 3 * time.Second
 
 // Recovery asks slurmctld. Its methods are safe for concurrent use.
 type Recovery struct {

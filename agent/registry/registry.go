@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package registry holds the agent's records of the node: each job's
 // trusted GPU list, each registered step and the cgroup its kernel entry
 // is keyed by, and Slurm's own exempt cgroups. It has its own lock, held

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package server accepts the SPANK plugin's connections on the agent's unix
 // socket: root peers only (SO_PEERCRED), one size-capped, time-limited request
 // and answer per connection.

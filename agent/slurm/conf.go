@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package slurm reads what gpufence needs from Slurm's own configuration on a
 // node: the task plugins and ConstrainDevices (which decide how Slurm numbers
 // CUDA_VISIBLE_DEVICES) and the node's GPU table from gres.conf.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package slurm
 
 import (
@@ -42,35 +44,63 @@ const maxMIGFiles = 64
 // ErrNoGPUs is returned when gres.conf configures no GPU for this node.
 var ErrNoGPUs = errors.New("no gpu with File= or MultipleFiles= configured for this node")
 
-// ReadGresGPUs returns the GPU table of node from gres.conf at path, in
-// Slurm's own index order (common_node_config_load in Slurm): records in
-// file order, each file of a File= range one index, each MultipleFiles=
-// record one index. With AutoDetect, Slurm sorts the merged list by the
-// records' file strings first, and so does this. GPUs that only AutoDetect
-// would find (no File= or MultipleFiles=) cannot be listed from the file.
+// GresConf is what gres.conf says of one node's GPUs.
+type GresConf struct {
+	// GPUs are the File= and MultipleFiles= GPUs, in Slurm's index order
+	// as far as the file tells it (see ReadGres).
+	GPUs []GPU
+	// AutoDetect is the AutoDetect= value in force for the node ("" when
+	// none, or "off"): then slurmd adds the GPUs it finds, and orders them
+	// by what the driver reports, which the file does not say.
+	AutoDetect string
+}
+
+// ReadGresGPUs returns the GPU table of node from gres.conf at path (see
+// ReadGres).
 func ReadGresGPUs(path, node string) ([]GPU, error) {
-	return readGresGPUs(osFiles{}, path, node)
+	g, err := ReadGres(path, node)
+	return g.GPUs, err
+}
+
+// ReadGres reads node's GPUs from gres.conf at path, in Slurm's own index
+// order (common_node_config_load in Slurm): records in file order, each
+// file of a File= range one index, each MultipleFiles= record one index.
+// With AutoDetect, Slurm sorts the merged list by the records' file
+// strings first, and so does this; it then sorts by the driver's links,
+// which only slurmd -G shows, and adds GPUs that only AutoDetect finds (no
+// File= or MultipleFiles=). A node with no GPU record is ErrNoGPUs, with
+// AutoDetect still set.
+func ReadGres(path, node string) (GresConf, error) {
+	return readGres(osFiles{}, path, node)
 }
 
 func readGresGPUs(fsys fileSystem, path, node string) ([]GPU, error) {
+	g, err := readGres(fsys, path, node)
+	return g.GPUs, err
+}
+
+func readGres(fsys fileSystem, path, node string) (GresConf, error) {
+	var conf GresConf
 	lines, err := readLines(fsys, path)
 	if err != nil {
-		return nil, fmt.Errorf("read gres.conf: %w", err)
+		return conf, fmt.Errorf("read gres.conf: %w", err)
 	}
 	var gpus []GPU
-	autodetect := false
 	for _, l := range lines {
 		if names, ok := l.Get("NodeName"); ok {
 			match, err := hostMatches(names, node)
 			if err != nil {
-				return nil, fmt.Errorf("%s:%d: NodeName: %w", l.File, l.No, err)
+				return conf, fmt.Errorf("%s:%d: NodeName: %w", l.File, l.No, err)
 			}
 			if !match {
 				continue
 			}
 		}
-		if v, ok := l.Get("AutoDetect"); ok && !strings.EqualFold(v, "off") {
-			autodetect = true
+		if v, ok := l.Get("AutoDetect"); ok {
+			conf.AutoDetect = v
+			if strings.EqualFold(v, "off") {
+				conf.AutoDetect = ""
+			}
 		}
 		name, _ := l.Get("Name")
 		if !strings.EqualFold(name, "gpu") {
@@ -85,38 +115,47 @@ func readGresGPUs(fsys fileSystem, path, node string) ([]GPU, error) {
 		multi, hasMulti := l.Get("MultipleFiles")
 		switch {
 		case hasFile && hasMulti:
-			return nil, fmt.Errorf("%s: File and MultipleFiles are mutually exclusive (as in Slurm)", src)
+			return conf, fmt.Errorf("%s: File and MultipleFiles are mutually exclusive (as in Slurm)", src)
 		case hasMulti:
 			files, err := ExpandHostlist(multi)
 			if err != nil {
-				return nil, fmt.Errorf("%s: MultipleFiles: %w", src, err)
+				return conf, fmt.Errorf("%s: MultipleFiles: %w", src, err)
 			}
 			if len(files) < 2 {
-				return nil, fmt.Errorf("%s: MultipleFiles=%s names one file; Slurm refuses that (use File=)", src, multi)
+				return conf, fmt.Errorf("%s: MultipleFiles=%s names one file; Slurm refuses that (use File=)", src, multi)
 			}
 			if len(files) > maxMIGFiles {
-				return nil, fmt.Errorf("%s: MultipleFiles names %d files; a MIG slice has its GPU and a few nvidia-caps files, at most %d", src, len(files), maxMIGFiles)
+				return conf, fmt.Errorf("%s: MultipleFiles names %d files; a MIG slice has its GPU and a few nvidia-caps files, at most %d", src, len(files), maxMIGFiles)
 			}
 			gpus = append(gpus, GPU{Path: files[0], Type: typ, Files: files, MIG: true, Source: src, sortKey: multi})
 		case hasFile:
 			files, err := ExpandHostlist(file)
 			if err != nil {
-				return nil, fmt.Errorf("%s: File: %w", src, err)
+				return conf, fmt.Errorf("%s: File: %w", src, err)
 			}
 			for _, f := range files {
 				gpus = append(gpus, GPU{Path: f, Type: typ, Files: []string{f}, Source: src, sortKey: f})
 			}
 		}
 		if len(gpus) > maxGPUs {
-			return nil, fmt.Errorf("%s: more than %d GPUs for node %s; gpufence names GPUs 0 to %d", src, maxGPUs, node, gpulist.MaxIndex)
+			return conf, fmt.Errorf("%s: more than %d GPUs for node %s; gpufence names GPUs 0 to %d", src, maxGPUs, node, gpulist.MaxIndex)
 		}
 	}
 	if len(gpus) == 0 {
-		return nil, fmt.Errorf("%s (node %s): %w", path, node, ErrNoGPUs)
+		return conf, fmt.Errorf("%s (node %s): %w", path, node, ErrNoGPUs)
 	}
-	if autodetect {
+	if conf.AutoDetect != "" {
 		sort.SliceStable(gpus, func(i, j int) bool { return natLess(gpus[i].sortKey, gpus[j].sortKey) })
 	}
+	if conf.GPUs, err = numberGPUs(gpus); err != nil {
+		return GresConf{AutoDetect: conf.AutoDetect}, err
+	}
+	return conf, nil
+}
+
+// numberGPUs gives records in Slurm's order their indices and refuses what
+// Slurm refuses, and what would make a device belong to two indices.
+func numberGPUs(gpus []GPU) ([]GPU, error) {
 	// Slurm refuses a File= device listed twice; the files of a MIG record
 	// (its parent GPU above all) are exempt, but a GPU given out whole
 	// cannot also be split.

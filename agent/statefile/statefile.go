@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package statefile is the agent's saved state: which job, step and user
 // each kernel entry belongs to, kept across agent restarts. The agent
 // writes it; `gpufence status` reads it.
@@ -21,6 +23,28 @@ type File struct {
 	Version int    `json:"version"`
 	Scope   string `json:"scope,omitempty"`
 	Jobs    []Job  `json:"jobs"`
+	// GPUTable is the GPU table the agent uses and where it came from.
+	GPUTable *GPUTable `json:"gpu_table,omitempty"`
+}
+
+// GPUTable is the agent's GPU table: its source (slurmd -G or gres.conf),
+// why, and whether it gives GPUs out.
+type GPUTable struct {
+	Source     string `json:"source"`
+	Detail     string `json:"detail,omitempty"`
+	Slurmd     string `json:"slurmd,omitempty"`
+	GresConf   string `json:"gres_conf,omitempty"`
+	AutoDetect string `json:"autodetect,omitempty"`
+	// Untrusted is why no step gets a GPU ("" when GPUs are given out).
+	Untrusted string     `json:"untrusted,omitempty"`
+	GPUs      []TableGPU `json:"gpus"`
+}
+
+// TableGPU is one of Slurm's GPU indices and its device files.
+type TableGPU struct {
+	Index int      `json:"index"`
+	Type  string   `json:"type,omitempty"`
+	Files []string `json:"files"`
 }
 
 // Job is one job on the node.

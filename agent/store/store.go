@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package store keeps the agent's records of jobs and steps in BPF hash
 // maps pinned in bpffs, beside the device filter's own pins. A record there
 // outlives the agent (a crash, kill -9, an upgrade) exactly as the kernel's
@@ -28,6 +30,9 @@ import (
 const (
 	jobsPin  = "store_jobs"
 	stepsPin = "store_steps"
+	// newSuffix marks a map made by Open and not yet committed (bpffs
+	// refuses names with a dot).
+	newSuffix = "_new"
 )
 
 const gpuWords = (gpulist.MaxIndex + 1) / 64
@@ -132,28 +137,44 @@ var (
 // Store is the pair of pinned maps.
 type Store struct {
 	jobs, steps *ebpf.Map
-	// Created is true when the maps were made now (no earlier agent left
-	// them): the caller may fill them from an older state file.
+	// Created is true when a map was made now (no earlier agent left it):
+	// the caller fills the store from an older state file, then calls
+	// Commit.
 	Created bool
+
+	dir string
+	// pending are the pins made now, under their name with newSuffix
+	// until Commit.
+	pending []string
 }
 
 // Open opens the maps pinned in dir (a directory on bpffs), or creates and
 // pins them. A pinned map of another layout (an agent of another version)
 // is replaced, its records lost: the agent then recovers what running jobs
 // hold from slurmctld.
+//
+// A map made now is pinned under a temporary name until Commit: a store
+// that an agent began to fill from an older agent's state file and was
+// killed before it finished is never taken for a complete one; the next
+// Open makes it again, and the state file is read again.
 func Open(dir string) (*Store, error) {
-	s := &Store{}
+	s := &Store{dir: dir}
 	var err error
 	var created bool
 	if s.jobs, created, err = openOrCreate(dir, jobsPin, jobsSpec); err != nil {
 		return nil, err
 	}
-	s.Created = created
+	if created {
+		s.pending = append(s.pending, jobsPin)
+	}
 	if s.steps, created, err = openOrCreate(dir, stepsPin, stepsSpec); err != nil {
 		s.jobs.Close()
 		return nil, err
 	}
-	s.Created = s.Created || created
+	if created {
+		s.pending = append(s.pending, stepsPin)
+	}
+	s.Created = len(s.pending) > 0
 	return s, nil
 }
 
@@ -171,14 +192,33 @@ func openOrCreate(dir, name string, spec *ebpf.MapSpec) (*ebpf.Map, bool, error)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, false, fmt.Errorf("open pinned store %s: %w", path, err)
 	}
+	// Left by an agent killed before its Commit: incomplete.
+	tmp := path + newSuffix
+	if err := unix.Unlink(tmp); err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, false, fmt.Errorf("remove unfinished store map %s: %w", tmp, err)
+	}
 	if m, err = ebpf.NewMap(spec); err != nil {
 		return nil, false, fmt.Errorf("create store map %s: %w", name, err)
 	}
-	if err := m.Pin(path); err != nil {
+	if err := m.Pin(tmp); err != nil {
 		m.Close()
-		return nil, false, fmt.Errorf("pin store map %s: %w", path, err)
+		return nil, false, fmt.Errorf("pin store map %s: %w", tmp, err)
 	}
 	return m, true, nil
+}
+
+// Commit gives the maps made by Open their names, once the caller has
+// filled them: from then on they are the records a restart reads. It does
+// nothing for maps that were opened.
+func (s *Store) Commit() error {
+	for len(s.pending) > 0 {
+		n := filepath.Join(s.dir, s.pending[0])
+		if err := os.Rename(n+newSuffix, n); err != nil {
+			return fmt.Errorf("commit the pinned store: %w", err)
+		}
+		s.pending = s.pending[1:]
+	}
+	return nil
 }
 
 // Close closes the maps; the pins keep them.
@@ -189,7 +229,7 @@ func (s *Store) Close() error {
 // Unpin removes the pins, as removing the package does.
 func Unpin(dir string) error {
 	var errs []error
-	for _, n := range []string{jobsPin, stepsPin} {
+	for _, n := range []string{jobsPin, stepsPin, jobsPin + newSuffix, stepsPin + newSuffix} {
 		if err := unix.Unlink(filepath.Join(dir, n)); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, err)
 		}

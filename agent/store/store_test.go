@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package store
 
 import (
@@ -50,6 +52,9 @@ func TestPrivilegedStoreSurvivesReopen(t *testing.T) {
 	if err := s.PutJob(Job{ID: 1, GPUs: []int{1024}}); err == nil {
 		t.Error("GPU index 1024 stored")
 	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	s.Close()
 
 	s, err = Open(dir)
@@ -91,6 +96,58 @@ func TestPrivilegedStoreSurvivesReopen(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("pins left after Unpin: %v", ents)
 	}
+}
+
+// A store made and filled but not committed (the agent was killed while it
+// copied an older agent's state file into it) is not taken for a complete
+// one: the next Open makes it again, and Commit gives it its names.
+func TestPrivilegedStoreUncommittedIsMadeAgain(t *testing.T) {
+	dir := pinDir(t)
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutJob(Job{ID: 7, GPUs: []int{1}}); err != nil {
+		t.Fatal(err)
+	}
+	if pins := names(t, dir); !slices.Equal(pins, []string{"store_jobs_new", "store_steps_new"}) {
+		t.Errorf("pins before Commit: %v", pins)
+	}
+	s.Close() // killed here
+
+	s, err = Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !s.Created {
+		t.Error("an uncommitted store was taken for a complete one")
+	}
+	if got, err := s.Jobs(); err != nil || len(got) != 0 {
+		t.Errorf("jobs of the store made again: %+v, %v", got, err)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if pins := names(t, dir); !slices.Equal(pins, []string{"store_jobs", "store_steps"}) {
+		t.Errorf("pins after Commit: %v", pins)
+	}
+	if err := Unpin(dir); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func names(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
 }
 
 // A pinned map of another layout (another agent version) is replaced.

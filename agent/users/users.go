@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package users names uids for audit records and logs, from NSS (files,
 // LDAP, SSSD), with a cache: a lookup can take as long as a directory
 // takes to answer, so it is never made on a path that holds a lock a step

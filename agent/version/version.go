@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package version holds the build's version, stamped by the Makefile from git.
 package version
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package devfilter loads gpufence's cgroup device filter into the kernel,
 // attaches it, writes per-cgroup GPU policies (GPU minors of the NVIDIA
 // major, MIG capability minors of the nvidia-caps major) into its maps and

@@ -20,6 +20,7 @@
 #          URL of the package file. Not needed when the package is installed already.
 #
 # Safe to run again: every step checks before it changes anything.
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 
 ROOT="${GPUFENCE_ROOT:-}" # tests only: a folder standing in for /

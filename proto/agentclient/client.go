@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agentclient sends one request to the gpufence agent and waits for
 // its answer. It is what the SPANK plugin runs inside slurmstepd, and what
 // tests use to speak to a real agent.

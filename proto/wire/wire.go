@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package wire frames protocol messages on a stream: a varint length, then the
 // message (protodelim), with a size cap and a deadline on every exchange, so a
 // stuck or hostile peer can neither block a step launch nor make the agent

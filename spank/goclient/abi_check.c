@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fails the build when an exported Go function stops matching the type the
  * C entry expects (goclient.h). */
 #include "_cgo_export.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The boundary between the C SPANK entry (spank_gpufence.so) and the Go
  * client (spank_gpufence_go.so). The C side dlopen()s the Go library and

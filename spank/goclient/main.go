@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command goclient is built with -buildmode=c-shared into spank_gpufence_go.so,
 // the part of the gpufence SPANK plugin that speaks to the node agent. The C
 // entry (spank/plugin) dlopen()s it only inside slurmstepd and the

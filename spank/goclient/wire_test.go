@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -42,6 +44,8 @@ func TestWireMatchesGenerated(t *testing.T) {
 	for _, want := range []*pb.Response{
 		{}, {Error: "no"}, {Gpus: []uint32{3, 1, 4294967295}, SlurmLocalIndices: true, StepCgroup: "/system.slice/x_slurmstepd.scope/job_7/step_0"},
 		{ImexPending: true}, {ImexChannel: &zero}, {ImexChannel: &high},
+		// gpufence verify's answer: a field the plugin never asks for, skipped.
+		{Gpus: []uint32{2}, Verify: &pb.VerifyInfo{Mode: "scope", CgroupId: 9, Gpus: []*pb.VerifyGPU{{Index: 0, Files: []string{"/dev/nvidia0"}}}}},
 	} {
 		b, err := proto.Marshal(want)
 		if err != nil {

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The plugin's arguments on its plugstack.conf line. */
 #ifndef GPUFENCE_ARGS_H
 #define GPUFENCE_ARGS_H
@@ -6,7 +7,7 @@
 #include <stddef.h>
 
 #define GF_DEFAULT_SOCKET "/run/gpufence/agent.sock"
-#define GF_DEFAULT_TIMEOUT_S 10
+#define GF_DEFAULT_TIMEOUT_S 5
 #define GF_GOLIB_NAME "spank_gpufence_go.so"
 #define GF_DEFAULT_SPOOL "/var/spool/gpufence/failopen.jsonl"
 /* Bytes of an argument an error message quotes; longer ones are cut. */

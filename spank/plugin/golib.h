@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Calls into the Go client (spank_gpufence_go.so), each in a child process
  * forked for it, so that no Go runtime ever starts in the caller. Only

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gpufence SPANK plugin: the C entry Slurm loads in every context. It stays
  * free of Go so that srun, sbatch and salloc never start a Go runtime; the Go

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Prolog/epilog (S_CTX_JOB_SCRIPT): the job's trusted GPU list. */
 #include "job_script.h"
 

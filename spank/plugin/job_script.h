@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Callbacks in the prolog/epilog process (S_CTX_JOB_SCRIPT, root). */
 #ifndef GPUFENCE_JOB_SCRIPT_H
 #define GPUFENCE_JOB_SCRIPT_H

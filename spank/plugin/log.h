@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Every line the plugin logs names it, wherever Slurm sends it. */
 #ifndef GPUFENCE_LOG_H
 #define GPUFENCE_LOG_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * slurmstepd (remote context): register the step in init (its one exchange
  * with the agent), check in task_post_fork that each task is in the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Callbacks in slurmstepd (S_CTX_REMOTE). */
 #ifndef GPUFENCE_REMOTE_H
 #define GPUFENCE_REMOTE_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The GPU index list grammar of the plugin, and the renumbering of
  * CUDA_VISIBLE_DEVICES-style values from global GPU indices (what Slurm hands

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cluster runs a real single-node Slurm on this machine for
 // end-to-end tests: munged, slurmctld and slurmd started by PID, fake GPU
 // device nodes under the cluster's own folder, and cleanup of exactly the

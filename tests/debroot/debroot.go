@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package debroot makes Debian roots with debootstrap for the tests: the
 // package tests install the .deb into one, and the cluster harness runs a
 // Debian suite's own Slurm daemons from one (tests/slurmrel). A root is built

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package e2e drives the whole product against a real Slurm on this machine:
 // real slurmctld, slurmd and slurmstepd loading the SPANK plugin, the real
 // agent, and the kernel enforcing the device filter on fake GPUs (an allowed

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 // What changes between the Slurm releases the suite runs on (GPUFENCE_SLURM,

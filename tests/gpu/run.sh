@@ -5,6 +5,7 @@
 #     use GPU 0 (open, NVML, CUDA, nvidia-smi), and with GPU 0 allowed it can.
 # Run as root from anywhere: tests/gpu/run.sh. Exit 0 passed, 1 failed,
 # 77 skipped (no NVIDIA driver, or the kernel/cgroups cannot run the check).
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 

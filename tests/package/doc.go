@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package pkgtest checks the gpufence .deb and .rpm that `make package`
 // builds: lintian, rpmlint and systemd-analyze on the packages, their file
 // lists against the agreed layout, the plugin built for each Slurm release,

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package pkgtest
 
 import (
@@ -315,6 +317,11 @@ func TestPrivilegedRPMInstall(t *testing.T) {
 	p := packages(t)
 	need(t, "rpm")
 	root := freshRoot(t, rootSuite)
+	// On RPM distributions the filesystem package owns /usr/share/licenses;
+	// the Debian root stands in for it.
+	if err := os.MkdirAll(filepath.Join(root, "usr/share/licenses"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	before := snapshot(t, root)
 	if out, err := run("/", "rpm", "--root", root, "--initdb"); err != nil {
 		t.Fatalf("rpm --initdb: %v\n%s", err, out)

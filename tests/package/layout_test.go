@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package pkgtest
 
 import (
@@ -28,19 +30,22 @@ type entry struct {
 // want is the installed layout both packages share (docs/packaging.md and
 // the agreed layout), without the parts that differ per format.
 var want = map[string]fs.FileMode{
-	"/usr/sbin/gpufence":                                  0o755,
-	"/usr/lib/gpufence":                                   fs.ModeDir | 0o755,
-	"/usr/lib/gpufence/spank_gpufence_go.so":              0o644,
-	"/usr/lib/gpufence/link-plugin":                       0o755,
-	"/etc/gpufence/agent.yaml":                            0o644,
-	"/etc/slurm/plugstack.conf.d/gpufence.conf":           0o644,
-	"/usr/share/gpufence/plugstack.conf":                  0o644,
-	"/usr/share/gpufence/grafana/gpufence-dashboard.json": 0o644,
-	"/etc/logrotate.d/gpufence":                           0o644,
-	"/usr/lib/tmpfiles.d/gpufence.conf":                   0o644,
-	"/usr/share/man/man8/gpufence.8.gz":                   0o644,
-	"/usr/share/doc/gpufence/copyright":                   0o644,
-	"/usr/share/doc/gpufence/README.md":                   0o644,
+	"/usr/sbin/gpufence":                                          0o755,
+	"/usr/lib/gpufence":                                           fs.ModeDir | 0o755,
+	"/usr/lib/gpufence/spank_gpufence_go.so":                      0o644,
+	"/usr/lib/gpufence/link-plugin":                               0o755,
+	"/etc/gpufence/agent.yaml":                                    0o644,
+	"/etc/slurm/plugstack.conf.d/gpufence.conf":                   0o644,
+	"/usr/share/gpufence/plugstack.conf":                          0o644,
+	"/usr/share/gpufence/grafana/gpufence-dashboard.json":         0o644,
+	"/usr/share/gpufence/cloudwatch/amazon-cloudwatch-agent.json": 0o644,
+	"/usr/share/gpufence/cloudwatch/prometheus.yaml":              0o644,
+	"/usr/share/gpufence/cloudwatch/idle-gpu-alarm.json":          0o644,
+	"/etc/logrotate.d/gpufence":                                   0o644,
+	"/usr/lib/tmpfiles.d/gpufence.conf":                           0o644,
+	"/usr/share/man/man8/gpufence.8.gz":                           0o644,
+	"/usr/share/doc/gpufence/copyright":                           0o644,
+	"/usr/share/doc/gpufence/README.md":                           0o644,
 }
 
 var conffiles = []string{"/etc/gpufence/agent.yaml", "/etc/logrotate.d/gpufence", "/etc/slurm/plugstack.conf.d/gpufence.conf"}
@@ -103,6 +108,17 @@ func TestPackageContents(t *testing.T) {
 				}
 			}
 		})
+	}
+
+	// The license: rpm's header and %license file, the deb's copyright.
+	if out, err := exec.Command("rpm", "-qp", "--qf", "%{LICENSE}", p.rpm).Output(); err != nil || string(out) != "Apache-2.0" {
+		t.Errorf("rpm License %q (%v), want Apache-2.0", out, err)
+	}
+	if e, ok := rpm["/usr/share/licenses/gpufence/LICENSE"]; !ok || e.mode != 0o644 {
+		t.Errorf("rpm: /usr/share/licenses/gpufence/LICENSE missing or not 0644 (%v)", e.mode)
+	}
+	if c := string(debFiles["/usr/share/doc/gpufence/copyright"]); !strings.Contains(c, "Files: *\nCopyright: 2026 the gpufence authors\nLicense: Apache-2.0\n") {
+		t.Errorf("deb copyright does not license Files: * under Apache-2.0:\n%.400s", c)
 	}
 
 	if dc := debControlFile(t, p.deb, "conffiles"); strings.Join(strings.Fields(dc), " ") != strings.Join(conffiles, " ") {

@@ -8,6 +8,7 @@
 # slurmd restart, reload and logrotate reopen the audit file, and removal
 # stops the agent and detaches its pinned filter.
 #   tests/vm/run-in-vm.sh tests/package/vm-deb.sh dist/gpufence_*.deb bin/gf-open
+# SPDX-License-Identifier: Apache-2.0
 set -u
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }

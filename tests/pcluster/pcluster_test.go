@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package pcluster tests packaging/parallelcluster/gpufence-node.sh, the
 // script docs/parallelcluster.md runs on ParallelCluster nodes, on a folder
 // standing in for the head node's root.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # build-source.sh TARBALL CACHE_DIR
 # Builds one Slurm release from its source tarball (checked against the
 # SHA256SUMS next to it) into CACHE_DIR/<key>/opt/slurm, the layout AWS

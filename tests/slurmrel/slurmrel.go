@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package slurmrel gives the tests the Slurm release they run against: the
 // releases gpufence ships a plugin build for (packaging/slurm-releases, one
 // line each), and, for one of them, its real daemons on this machine:

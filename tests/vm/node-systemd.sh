@@ -5,6 +5,7 @@
 # a systemd service with its defaults, and shows isolation with
 # ConstrainDevices=no and =yes, the audit file and journald. It fails when a
 # foreign GPU opens or an own one does not.
+# SPDX-License-Identifier: Apache-2.0
 set -u
 fail=0
 check() { # check OUTPUT DEVICE WANT

@@ -15,6 +15,7 @@
 # Caches: debootstrap tree (keyed on suite+package list), customized image+kernel+initrd
 # (keyed on that + guest/customize.sh + guest/vm-runner*). Every run boots the cached image
 # with snapshot=on, so the base image is never modified and each run starts clean.
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${VM_CACHE:-/var/tmp/gpufence-vm-cache}

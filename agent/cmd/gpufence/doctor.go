@@ -1,6 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -10,6 +13,7 @@ import (
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/doctor"
 	"github.com/gpufence/gpufence/agent/inventory"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -43,13 +47,16 @@ the fix:
   slurm-cgroup  ConstrainDevices, CgroupPlugin, ProctrackType, TaskPlugin
   slurm-layout  the scope and job cgroup names this Slurm release makes
                 (CgroupSlice, SLUID job cgroups) and cgroup.conf keys it refuses
-  gres          gres.conf's GPUs for this node against /dev and /proc/devices
+  gres          the agent's GPU table (slurmd -G, cross-checked with gres.conf,
+                as the agent reads it) against /dev and /proc/devices
   nvml          gres.conf against the GPUs the NVIDIA driver reports (NVML), as the agent checks it
   agent-socket  the socket exists, is root's, 0600, and accepts connections
   audit         the audit file's folder, mode and free space; journald, syslog
 
-It reads files only and changes nothing. Run it as root: otherwise the kernel
-check is skipped and some files are unreadable.
+It reads files and runs slurmd -V and slurmd -G (which prints slurmd's GPU
+table and exits, as the agent runs it); it changes nothing of gpufence's. Run
+it as root: otherwise the kernel check and slurmd -G are skipped and some files
+are unreadable.
 Exit status: 0 nothing failed (warnings allowed), 1 a check failed, 2 usage error.
 
 Flags:
@@ -88,6 +95,20 @@ Flags:
 		env.InspectPins = devfilter.InspectPins
 	} else {
 		env.KernelSkip = "needs root (it loads small test programs into the kernel)"
+	}
+	switch {
+	case os.Geteuid() != 0:
+		env.SlurmdGSkip = "needs root, as the agent runs it"
+	case *root != "/" && *root != "":
+		env.SlurmdGSkip = "--root: slurmd -G runs on the node itself only"
+	default:
+		env.SlurmdG = func(binDir, slurmConf, node string) (slurm.SlurmdView, error) {
+			bin, err := slurm.FindSlurmd(cfg.Slurmd, binDir, slurmConf)
+			if err != nil {
+				return slurm.SlurmdView{}, err
+			}
+			return (&slurm.Slurmd{Bin: bin, SlurmConf: slurmConf, Node: node}).GPUs(context.Background())
+		}
 	}
 	rep := doctor.Run(env)
 	if *asJSON {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gpufence is the gpufence node agent and its command-line tools.
 package main
 
@@ -20,6 +22,7 @@ import (
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/server"
 	"github.com/gpufence/gpufence/agent/slurm"
+	"github.com/gpufence/gpufence/agent/verify"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -35,6 +38,7 @@ var commands = map[string]command{
 	"doctor":    {"check that this node is ready for gpufence: cgroups, kernel, bpffs, Slurm, plugin, gres, socket, audit", runDoctor},
 	"inventory": {"list the GPUs as the NVIDIA driver reports them (NVML): minor, UUID, bus id, name, MIG devices", runInventory},
 	"status":    {"show jobs, steps, GPUs, cgroups, pinned objects and counters (works while the agent is down)", runStatus},
+	"verify":    {"live self-test: a throw-away cgroup given one GPU by the agent must open it and be refused the others", runVerify},
 	"version":   {"print the version", runVersion},
 }
 
@@ -57,6 +61,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return 0
+	}
+	if args[0] == verify.ChildCommand {
+		// gpufence verify's process inside its cgroup; not a command.
+		return verify.ChildMain(args[1:], stdout, stderr)
 	}
 	c, ok := commands[args[0]]
 	if !ok {
@@ -342,11 +350,16 @@ func policyMode(cfg config.Config) string {
 	return audit.ModeEnforce
 }
 
-// onHangup reopens the audit file (logrotate) and applies the
-// configuration's enforcement mode; other settings need a restart.
+// onHangup reopens the audit file (logrotate), applies the
+// configuration's enforcement mode and rechecks Slurm's GPU table (slurmd
+// -G, gres.conf) against the one in use; other settings need a restart.
 func onHangup(d *daemon.Daemon, rec *audit.Pipeline, log *slog.Logger, reload func() (config.Config, error)) {
 	if err := rec.Reopen(); err != nil {
 		log.Error("reopen audit file", "err", err)
+	}
+	table := "; GPU table rechecked, unchanged"
+	if !d.ReloadGPUTable(context.Background()) {
+		table = "; GPU table rechecked: it changed or its sources disagree, steps that ask for a GPU are refused until the agent restarts"
 	}
 	cfg, err := reload()
 	msg := "audit file reopened"
@@ -360,7 +373,7 @@ func onHangup(d *daemon.Daemon, rec *audit.Pipeline, log *slog.Logger, reload fu
 	} else {
 		msg += "; enforcement is " + cfg.Enforcement
 	}
-	rec.Emit(audit.Record{Event: audit.EventConfigReload, Severity: audit.SeverityNotice, PolicyMode: policyMode(cfg), Message: msg})
+	rec.Emit(audit.Record{Event: audit.EventConfigReload, Severity: audit.SeverityNotice, PolicyMode: policyMode(cfg), Message: msg + table})
 }
 
 // resolveIMEX turns imex_channels auto into slurm or unrestricted (by

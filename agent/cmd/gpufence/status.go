@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -130,6 +132,10 @@ type statusReport struct {
 	// OtherEntries are the kernel entries no step of the state owns, by
 	// cgroup id: exempt cgroups (fine) and mismatches (Problem set).
 	OtherEntries []entryReport `json:"other_entries"`
+	// GPUTable is the agent's GPU table and where it came from (slurmd -G
+	// or gres.conf), as of the agent's last state write; null when the
+	// state file does not say.
+	GPUTable *statefile.GPUTable `json:"gpu_table"`
 }
 
 // agentReport is the agent socket.
@@ -326,6 +332,9 @@ func buildStatus(in statusInput) statusReport {
 	owned := map[uint64]bool{}
 	if st := in.State; st != nil {
 		r.State.Scope = st.Scope
+		if r.GPUTable = st.GPUTable; r.GPUTable != nil && r.GPUTable.Untrusted != "" {
+			problem("gpu table: the agent gives no GPU to any step: %s", r.GPUTable.Untrusted)
+		}
 		for _, sj := range st.Jobs {
 			j := jobReport{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, NoProlog: sj.NoProlog, Broken: sj.Broken,
 				Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: sj.Unconfirmed, Steps: []stepReport{}}
@@ -537,6 +546,24 @@ func writeStatus(w io.Writer, r statusReport) {
 		pf("  file\t%s\t%d job(s), %d step(s)\n", s.File, len(r.Jobs), steps)
 	}
 	flush()
+
+	if t := r.GPUTable; t != nil {
+		pf("\nGPU table\n")
+		pf("  source\t%s\t%d GPU(s): %s\n", t.Source, len(t.GPUs), t.Detail)
+		if t.Slurmd != "" {
+			pf("  slurmd\t%s\n", t.Slurmd)
+		}
+		if t.AutoDetect != "" {
+			pf("  gres.conf\t%s\tAutoDetect=%s\n", t.GresConf, t.AutoDetect)
+		}
+		for _, g := range t.GPUs {
+			pf("  gpu %d\t%s\t%s\n", g.Index, strings.Join(g.Files, ","), g.Type)
+		}
+		if t.Untrusted != "" {
+			pf("  refusing\tevery GPU step: %s\n", t.Untrusted)
+		}
+		flush()
+	}
 
 	if len(r.Jobs) > 0 {
 		pf("\nJobs (cgroups below the scope)\n")

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gpulisttest reads the table of GPU list cases
 // (agent/gpulist/testdata/gpulist.txt) for the tests of both parsers of that
 // grammar: Go's gpulist.Parse and the C plugin's (through

@@ -86,6 +86,8 @@ type Request struct {
 	//	*Request_StepStart
 	//	*Request_StepEnd
 	//	*Request_JobEpilog
+	//	*Request_VerifyStart
+	//	*Request_VerifyEnd
 	//	*Request_StepChannel
 	Msg           isRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
@@ -172,6 +174,24 @@ func (x *Request) GetJobEpilog() *JobEpilog {
 	return nil
 }
 
+func (x *Request) GetVerifyStart() *VerifyStart {
+	if x != nil {
+		if x, ok := x.Msg.(*Request_VerifyStart); ok {
+			return x.VerifyStart
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetVerifyEnd() *VerifyEnd {
+	if x != nil {
+		if x, ok := x.Msg.(*Request_VerifyEnd); ok {
+			return x.VerifyEnd
+		}
+	}
+	return nil
+}
+
 func (x *Request) GetStepChannel() *StepChannel {
 	if x != nil {
 		if x, ok := x.Msg.(*Request_StepChannel); ok {
@@ -201,8 +221,15 @@ type Request_JobEpilog struct {
 	JobEpilog *JobEpilog `protobuf:"bytes,13,opt,name=job_epilog,json=jobEpilog,proto3,oneof"`
 }
 
+type Request_VerifyStart struct {
+	VerifyStart *VerifyStart `protobuf:"bytes,14,opt,name=verify_start,json=verifyStart,proto3,oneof"`
+}
+
+type Request_VerifyEnd struct {
+	VerifyEnd *VerifyEnd `protobuf:"bytes,15,opt,name=verify_end,json=verifyEnd,proto3,oneof"`
+}
+
 type Request_StepChannel struct {
-	// 14 and 15 are VerifyStart and VerifyEnd (main).
 	StepChannel *StepChannel `protobuf:"bytes,16,opt,name=step_channel,json=stepChannel,proto3,oneof"`
 }
 
@@ -213,6 +240,10 @@ func (*Request_StepStart) isRequest_Msg() {}
 func (*Request_StepEnd) isRequest_Msg() {}
 
 func (*Request_JobEpilog) isRequest_Msg() {}
+
+func (*Request_VerifyStart) isRequest_Msg() {}
+
+func (*Request_VerifyEnd) isRequest_Msg() {}
 
 func (*Request_StepChannel) isRequest_Msg() {}
 
@@ -465,6 +496,125 @@ func (x *JobEpilog) GetJobId() uint32 {
 	return 0
 }
 
+// Sent by `gpufence verify`'s child process (as root) from inside the
+// throw-away cgroup verify made below Slurm's scope,
+// <scope>/gpufence-verify-<pid>/given. As for StepStart, the agent finds
+// that cgroup from the peer's /proc/<pid>/cgroup, never from the message;
+// it accepts only that shape (a name no Slurm job cgroup has), root-owned,
+// below the scope the filter guards, and gives it exactly one GPU the way
+// it gives a step its GPUs. No job cgroup can be given a GPU this way.
+type VerifyStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The GPU index to give; absent: the lowest in the node's GPU table.
+	Gpu           *uint32 `protobuf:"varint,1,opt,name=gpu,proto3,oneof" json:"gpu,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyStart) Reset() {
+	*x = VerifyStart{}
+	mi := &file_gpufence_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyStart) ProtoMessage() {}
+
+func (x *VerifyStart) ProtoReflect() protoreflect.Message {
+	mi := &file_gpufence_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyStart.ProtoReflect.Descriptor instead.
+func (*VerifyStart) Descriptor() ([]byte, []int) {
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *VerifyStart) GetGpu() uint32 {
+	if x != nil && x.Gpu != nil {
+		return *x.Gpu
+	}
+	return 0
+}
+
+// Sent by `gpufence verify` (as root) once its children exited and it
+// removed the verify cgroup: the agent removes that cgroup's kernel entry,
+// checks that none is left, and audits the result (a `verify` record).
+type VerifyEnd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The verify cgroup's id, as VerifyStart's answer named it. Only a cgroup
+	// registered by VerifyStart is accepted.
+	CgroupId uint64 `protobuf:"varint,1,opt,name=cgroup_id,json=cgroupId,proto3" json:"cgroup_id,omitempty"`
+	// The checks that failed, each a one-line statement; empty: all passed.
+	Failed []string `protobuf:"bytes,2,rep,name=failed,proto3" json:"failed,omitempty"`
+	// How long the self-test took until now, in microseconds.
+	ElapsedUs     uint64 `protobuf:"varint,3,opt,name=elapsed_us,json=elapsedUs,proto3" json:"elapsed_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyEnd) Reset() {
+	*x = VerifyEnd{}
+	mi := &file_gpufence_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyEnd) ProtoMessage() {}
+
+func (x *VerifyEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_gpufence_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyEnd.ProtoReflect.Descriptor instead.
+func (*VerifyEnd) Descriptor() ([]byte, []int) {
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *VerifyEnd) GetCgroupId() uint64 {
+	if x != nil {
+		return x.CgroupId
+	}
+	return 0
+}
+
+func (x *VerifyEnd) GetFailed() []string {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
+}
+
+func (x *VerifyEnd) GetElapsedUs() uint64 {
+	if x != nil {
+		return x.ElapsedUs
+	}
+	return 0
+}
+
 // Sent by slurmstepd (as root) from task_post_fork of the step's first task,
 // when the StepStart answer set imex_pending: Slurm's switch/nvidia_imex
 // makes the job's IMEX channel node in slurmstepd's own mount namespace
@@ -481,7 +631,7 @@ type StepChannel struct {
 
 func (x *StepChannel) Reset() {
 	*x = StepChannel{}
-	mi := &file_gpufence_v1_agent_proto_msgTypes[5]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -493,7 +643,7 @@ func (x *StepChannel) String() string {
 func (*StepChannel) ProtoMessage() {}
 
 func (x *StepChannel) ProtoReflect() protoreflect.Message {
-	mi := &file_gpufence_v1_agent_proto_msgTypes[5]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -506,7 +656,7 @@ func (x *StepChannel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepChannel.ProtoReflect.Descriptor instead.
 func (*StepChannel) Descriptor() ([]byte, []int) {
-	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StepChannel) GetJobId() uint32 {
@@ -539,10 +689,11 @@ type Response struct {
 	// plugin checks in task_post_fork that each task is inside it before the
 	// task may exec, with no second round trip.
 	StepCgroup string `protobuf:"bytes,4,opt,name=step_cgroup,json=stepCgroup,proto3" json:"step_cgroup,omitempty"`
+	// For VerifyStart and VerifyEnd: what the self-test needs to know.
+	Verify *VerifyInfo `protobuf:"bytes,5,opt,name=verify,proto3" json:"verify,omitempty"`
 	// For StepStart: the agent narrows IMEX channels and the step holds GPUs,
 	// so the plugin must send StepChannel before any task may exec; until then
 	// the step opens no channel.
-	// (5 is VerifyInfo verify, main.)
 	ImexPending bool `protobuf:"varint,6,opt,name=imex_pending,json=imexPending,proto3" json:"imex_pending,omitempty"`
 	// For StepChannel: the IMEX channel the step may open; absent: none.
 	ImexChannel   *uint32 `protobuf:"varint,7,opt,name=imex_channel,json=imexChannel,proto3,oneof" json:"imex_channel,omitempty"`
@@ -552,7 +703,7 @@ type Response struct {
 
 func (x *Response) Reset() {
 	*x = Response{}
-	mi := &file_gpufence_v1_agent_proto_msgTypes[6]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +715,7 @@ func (x *Response) String() string {
 func (*Response) ProtoMessage() {}
 
 func (x *Response) ProtoReflect() protoreflect.Message {
-	mi := &file_gpufence_v1_agent_proto_msgTypes[6]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +728,7 @@ func (x *Response) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Response.ProtoReflect.Descriptor instead.
 func (*Response) Descriptor() ([]byte, []int) {
-	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Response) GetError() string {
@@ -608,6 +759,13 @@ func (x *Response) GetStepCgroup() string {
 	return ""
 }
 
+func (x *Response) GetVerify() *VerifyInfo {
+	if x != nil {
+		return x.Verify
+	}
+	return nil
+}
+
 func (x *Response) GetImexPending() bool {
 	if x != nil {
 		return x.ImexPending
@@ -622,11 +780,183 @@ func (x *Response) GetImexChannel() uint32 {
 	return 0
 }
 
+// What the agent tells `gpufence verify`.
+type VerifyInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The filter's attach mode: "scope" or "per-cgroup".
+	Mode string `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	// "enforce" or "audit-only" (nothing is denied then).
+	PolicyMode string `protobuf:"bytes,2,opt,name=policy_mode,json=policyMode,proto3" json:"policy_mode,omitempty"`
+	// The scope the filter guards, as the agent found it.
+	Scope string `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	// Empty when the filter is attached to Slurm's live scope (scope mode),
+	// or to the verify cgroup (per-cgroup mode); else why it is not.
+	FilterProblem string `protobuf:"bytes,4,opt,name=filter_problem,json=filterProblem,proto3" json:"filter_problem,omitempty"`
+	// The verify cgroup registered (its path below the cgroup v2 mount, as
+	// /proc/<pid>/cgroup names it) and its id.
+	Cgroup   string `protobuf:"bytes,5,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	CgroupId uint64 `protobuf:"varint,6,opt,name=cgroup_id,json=cgroupId,proto3" json:"cgroup_id,omitempty"`
+	// The GPU given.
+	Gpu uint32 `protobuf:"varint,7,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	// The node's GPU table: every index with its device files.
+	Gpus []*VerifyGPU `protobuf:"bytes,8,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	// For VerifyEnd: kernel entries of the verify cgroup still present after
+	// it was removed (0 when nothing is left behind).
+	EntriesLeft   uint32 `protobuf:"varint,9,opt,name=entries_left,json=entriesLeft,proto3" json:"entries_left,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyInfo) Reset() {
+	*x = VerifyInfo{}
+	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyInfo) ProtoMessage() {}
+
+func (x *VerifyInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyInfo.ProtoReflect.Descriptor instead.
+func (*VerifyInfo) Descriptor() ([]byte, []int) {
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *VerifyInfo) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *VerifyInfo) GetPolicyMode() string {
+	if x != nil {
+		return x.PolicyMode
+	}
+	return ""
+}
+
+func (x *VerifyInfo) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *VerifyInfo) GetFilterProblem() string {
+	if x != nil {
+		return x.FilterProblem
+	}
+	return ""
+}
+
+func (x *VerifyInfo) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
+}
+
+func (x *VerifyInfo) GetCgroupId() uint64 {
+	if x != nil {
+		return x.CgroupId
+	}
+	return 0
+}
+
+func (x *VerifyInfo) GetGpu() uint32 {
+	if x != nil {
+		return x.Gpu
+	}
+	return 0
+}
+
+func (x *VerifyInfo) GetGpus() []*VerifyGPU {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
+}
+
+func (x *VerifyInfo) GetEntriesLeft() uint32 {
+	if x != nil {
+		return x.EntriesLeft
+	}
+	return 0
+}
+
+type VerifyGPU struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Files         []string               `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyGPU) Reset() {
+	*x = VerifyGPU{}
+	mi := &file_gpufence_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyGPU) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyGPU) ProtoMessage() {}
+
+func (x *VerifyGPU) ProtoReflect() protoreflect.Message {
+	mi := &file_gpufence_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyGPU.ProtoReflect.Descriptor instead.
+func (*VerifyGPU) Descriptor() ([]byte, []int) {
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *VerifyGPU) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *VerifyGPU) GetFiles() []string {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
 var File_gpufence_v1_agent_proto protoreflect.FileDescriptor
 
 const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x17gpufence/v1/agent.proto\x12\vgpufence.v1\"\xe5\x02\n" +
+	"\x17gpufence/v1/agent.proto\x12\vgpufence.v1\"\xdd\x03\n" +
 	"\aRequest\x126\n" +
 	"\aversion\x18\x01 \x01(\x0e2\x1c.gpufence.v1.ProtocolVersionR\aversion\x127\n" +
 	"\n" +
@@ -637,6 +967,9 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\bstep_end\x18\f \x01(\v2\x14.gpufence.v1.StepEndH\x00R\astepEnd\x127\n" +
 	"\n" +
 	"job_epilog\x18\r \x01(\v2\x16.gpufence.v1.JobEpilogH\x00R\tjobEpilog\x12=\n" +
+	"\fverify_start\x18\x0e \x01(\v2\x18.gpufence.v1.VerifyStartH\x00R\vverifyStart\x127\n" +
+	"\n" +
+	"verify_end\x18\x0f \x01(\v2\x16.gpufence.v1.VerifyEndH\x00R\tverifyEnd\x12=\n" +
 	"\fstep_channel\x18\x10 \x01(\v2\x18.gpufence.v1.StepChannelH\x00R\vstepChannelB\x05\n" +
 	"\x03msg\"a\n" +
 	"\tJobProlog\x12\x15\n" +
@@ -656,19 +989,43 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x17\n" +
 	"\astep_id\x18\x02 \x01(\rR\x06stepId\"\"\n" +
 	"\tJobEpilog\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\rR\x05jobId\"=\n" +
+	"\x06job_id\x18\x01 \x01(\rR\x05jobId\",\n" +
+	"\vVerifyStart\x12\x15\n" +
+	"\x03gpu\x18\x01 \x01(\rH\x00R\x03gpu\x88\x01\x01B\x06\n" +
+	"\x04_gpu\"_\n" +
+	"\tVerifyEnd\x12\x1b\n" +
+	"\tcgroup_id\x18\x01 \x01(\x04R\bcgroupId\x12\x16\n" +
+	"\x06failed\x18\x02 \x03(\tR\x06failed\x12\x1d\n" +
+	"\n" +
+	"elapsed_us\x18\x03 \x01(\x04R\telapsedUs\"=\n" +
 	"\vStepChannel\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x17\n" +
-	"\astep_id\x18\x02 \x01(\rR\x06stepId\"\xe1\x01\n" +
+	"\astep_id\x18\x02 \x01(\rR\x06stepId\"\x92\x02\n" +
 	"\bResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12.\n" +
 	"\x13slurm_local_indices\x18\x03 \x01(\bR\x11slurmLocalIndices\x12\x1f\n" +
 	"\vstep_cgroup\x18\x04 \x01(\tR\n" +
-	"stepCgroup\x12!\n" +
+	"stepCgroup\x12/\n" +
+	"\x06verify\x18\x05 \x01(\v2\x17.gpufence.v1.VerifyInfoR\x06verify\x12!\n" +
 	"\fimex_pending\x18\x06 \x01(\bR\vimexPending\x12&\n" +
 	"\fimex_channel\x18\a \x01(\rH\x00R\vimexChannel\x88\x01\x01B\x0f\n" +
-	"\r_imex_channel*K\n" +
+	"\r_imex_channel\"\x94\x02\n" +
+	"\n" +
+	"VerifyInfo\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x1f\n" +
+	"\vpolicy_mode\x18\x02 \x01(\tR\n" +
+	"policyMode\x12\x14\n" +
+	"\x05scope\x18\x03 \x01(\tR\x05scope\x12%\n" +
+	"\x0efilter_problem\x18\x04 \x01(\tR\rfilterProblem\x12\x16\n" +
+	"\x06cgroup\x18\x05 \x01(\tR\x06cgroup\x12\x1b\n" +
+	"\tcgroup_id\x18\x06 \x01(\x04R\bcgroupId\x12\x10\n" +
+	"\x03gpu\x18\a \x01(\rR\x03gpu\x12*\n" +
+	"\x04gpus\x18\b \x03(\v2\x16.gpufence.v1.VerifyGPUR\x04gpus\x12!\n" +
+	"\fentries_left\x18\t \x01(\rR\ventriesLeft\"7\n" +
+	"\tVerifyGPU\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x14\n" +
+	"\x05files\x18\x02 \x03(\tR\x05files*K\n" +
 	"\x0fProtocolVersion\x12 \n" +
 	"\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12PROTOCOL_VERSION_1\x10\x01B;Z9github.com/gpufence/gpufence/proto/gpufence/v1;gpufencev1b\x06proto3"
@@ -686,7 +1043,7 @@ func file_gpufence_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_gpufence_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpufence_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_gpufence_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_gpufence_v1_agent_proto_goTypes = []any{
 	(ProtocolVersion)(0), // 0: gpufence.v1.ProtocolVersion
 	(*Request)(nil),      // 1: gpufence.v1.Request
@@ -694,21 +1051,29 @@ var file_gpufence_v1_agent_proto_goTypes = []any{
 	(*StepStart)(nil),    // 3: gpufence.v1.StepStart
 	(*StepEnd)(nil),      // 4: gpufence.v1.StepEnd
 	(*JobEpilog)(nil),    // 5: gpufence.v1.JobEpilog
-	(*StepChannel)(nil),  // 6: gpufence.v1.StepChannel
-	(*Response)(nil),     // 7: gpufence.v1.Response
+	(*VerifyStart)(nil),  // 6: gpufence.v1.VerifyStart
+	(*VerifyEnd)(nil),    // 7: gpufence.v1.VerifyEnd
+	(*StepChannel)(nil),  // 8: gpufence.v1.StepChannel
+	(*Response)(nil),     // 9: gpufence.v1.Response
+	(*VerifyInfo)(nil),   // 10: gpufence.v1.VerifyInfo
+	(*VerifyGPU)(nil),    // 11: gpufence.v1.VerifyGPU
 }
 var file_gpufence_v1_agent_proto_depIdxs = []int32{
-	0, // 0: gpufence.v1.Request.version:type_name -> gpufence.v1.ProtocolVersion
-	2, // 1: gpufence.v1.Request.job_prolog:type_name -> gpufence.v1.JobProlog
-	3, // 2: gpufence.v1.Request.step_start:type_name -> gpufence.v1.StepStart
-	4, // 3: gpufence.v1.Request.step_end:type_name -> gpufence.v1.StepEnd
-	5, // 4: gpufence.v1.Request.job_epilog:type_name -> gpufence.v1.JobEpilog
-	6, // 5: gpufence.v1.Request.step_channel:type_name -> gpufence.v1.StepChannel
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	0,  // 0: gpufence.v1.Request.version:type_name -> gpufence.v1.ProtocolVersion
+	2,  // 1: gpufence.v1.Request.job_prolog:type_name -> gpufence.v1.JobProlog
+	3,  // 2: gpufence.v1.Request.step_start:type_name -> gpufence.v1.StepStart
+	4,  // 3: gpufence.v1.Request.step_end:type_name -> gpufence.v1.StepEnd
+	5,  // 4: gpufence.v1.Request.job_epilog:type_name -> gpufence.v1.JobEpilog
+	6,  // 5: gpufence.v1.Request.verify_start:type_name -> gpufence.v1.VerifyStart
+	7,  // 6: gpufence.v1.Request.verify_end:type_name -> gpufence.v1.VerifyEnd
+	8,  // 7: gpufence.v1.Request.step_channel:type_name -> gpufence.v1.StepChannel
+	10, // 8: gpufence.v1.Response.verify:type_name -> gpufence.v1.VerifyInfo
+	11, // 9: gpufence.v1.VerifyInfo.gpus:type_name -> gpufence.v1.VerifyGPU
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_gpufence_v1_agent_proto_init() }
@@ -721,18 +1086,21 @@ func file_gpufence_v1_agent_proto_init() {
 		(*Request_StepStart)(nil),
 		(*Request_StepEnd)(nil),
 		(*Request_JobEpilog)(nil),
+		(*Request_VerifyStart)(nil),
+		(*Request_VerifyEnd)(nil),
 		(*Request_StepChannel)(nil),
 	}
 	file_gpufence_v1_agent_proto_msgTypes[1].OneofWrappers = []any{}
 	file_gpufence_v1_agent_proto_msgTypes[2].OneofWrappers = []any{}
-	file_gpufence_v1_agent_proto_msgTypes[6].OneofWrappers = []any{}
+	file_gpufence_v1_agent_proto_msgTypes[5].OneofWrappers = []any{}
+	file_gpufence_v1_agent_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpufence_v1_agent_proto_rawDesc), len(file_gpufence_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cparse runs the C SPANK plugin's parsers in a Go test: the GPU
 // index list and renumbering (spank/plugin/renumber.c) and the plugstack
 // arguments (spank/plugin/args.c), compiled here from the plugin's own files

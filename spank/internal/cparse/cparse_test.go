@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package cparse
 
 import (
@@ -154,7 +156,7 @@ func TestConfigParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Socket != "/run/gpufence/agent.sock" || cfg.TimeoutS != 10 || cfg.FailOpen || cfg.Spool != "/var/spool/gpufence/failopen.jsonl" ||
+	if cfg.Socket != "/run/gpufence/agent.sock" || cfg.TimeoutS != 5 || cfg.FailOpen || cfg.Spool != "/var/spool/gpufence/failopen.jsonl" ||
 		!strings.HasSuffix(cfg.Golib, "/spank_gpufence_go.so") {
 		t.Errorf("defaults: %+v", cfg)
 	}

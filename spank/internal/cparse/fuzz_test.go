@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package cparse
 
 import (
@@ -161,7 +163,7 @@ var options = []string{"socket", "timeout", "golib", "failure", "spool"}
 // configModel is gf_config_parse as documented in args.h; "" golib means
 // the default beside the plugin.
 func configModel(args []string) (Config, string) {
-	cfg := Config{Socket: "/run/gpufence/agent.sock", TimeoutS: 10, Spool: "/var/spool/gpufence/failopen.jsonl"}
+	cfg := Config{Socket: "/run/gpufence/agent.sock", TimeoutS: 5, Spool: "/var/spool/gpufence/failopen.jsonl"}
 	seen := map[string]bool{}
 	for _, a := range args {
 		key, val, ok := strings.Cut(a, "=")

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package fakeagent is a scripted gpufence agent for tests: it listens on a
 // unix socket, speaks the real framing (proto/wire) and answers each request
 // with what the test says.

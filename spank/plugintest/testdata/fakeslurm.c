@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A stand-in for the parts of Slurm a SPANK plugin calls, for plugin_test.go.
  * It dlopen()s the plugin (RTLD_NOW, so every Slurm symbol the plugin uses

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gf-open is the job payload of the end-to-end tests: it opens each
 // path read-write and prints `PATH RESULT`, where RESULT is OK or the errno
 // name (ENXIO: the device cgroup allowed a fake GPU that has no driver;

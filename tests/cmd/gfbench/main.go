@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gfbench measures what gpufence adds to launching a GPU job step
 // on the real single-node Slurm of tests/cluster: the wall time of
 // `srun -n1 --gres=gpu:1 true`, run as the job user, as a new job and as a

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gfcluster starts and stops the end-to-end test cluster of
 // tests/cluster by hand: a real single-node Slurm on this machine.
 //

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gfmatrix runs the end-to-end suite (tests/e2e) once per Slurm
 // release and prints a table of scenario × release (`make e2e-matrix`):
 //

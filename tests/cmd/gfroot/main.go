@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gfroot runs a command chrooted into a Debian root, as the test
 // cluster runs another release's Slurm daemons and clients against this
 // host's kernel and cgroup tree (tests/cluster):

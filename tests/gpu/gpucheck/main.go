@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build cgo
 
 // Command gpucheck checks gpufence on a machine with a real NVIDIA GPU

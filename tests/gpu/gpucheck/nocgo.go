@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 //go:build !cgo
 
 // Command gpucheck needs cgo (NVML and CUDA are loaded with dlopen).
