@@ -124,7 +124,7 @@ fuzz: ## run every Fuzz target in the tree for FUZZTIME each (default 10s; FUZZ=
 
 .PHONY: test-all
 test-all: lint build ## every test: unit, privileged and end-to-end (root)
-	$(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -count=1 -timeout 45m ./...
 
 .PHONY: vm-test
 vm-test: build ## production-like node in a throw-away VM: systemd, pure cgroup v2, kernel 6.1 (root; minutes; not in CI)

@@ -100,6 +100,7 @@ func journalFields(r *Record) []journalField {
 	num("GPUFENCE_EXE_INO", r.ExeIno)
 	if r.Device != nil {
 		add("GPUFENCE_DEVICE_PATH", r.Device.Path)
+		add("GPUFENCE_DEVICE_KIND", r.Device.Kind)
 		f = append(f, journalField{"GPUFENCE_DEVICE", fmt.Sprintf("%d:%d", r.Device.Major, r.Device.Minor)})
 	}
 	if r.GPU != nil {

@@ -49,7 +49,7 @@ func TestJournalFieldMapping(t *testing.T) {
 		"GPUFENCE_SEQ": "42", "GPUFENCE_EVENT": "gpu_access", "GPUFENCE_DECISION": "denied",
 		"GPUFENCE_POLICY_MODE": "enforce", "GPUFENCE_JOB_ID": "12", "GPUFENCE_STEP_ID": "0",
 		"GPUFENCE_USER": "alice", "GPUFENCE_UID": "1000", "GPUFENCE_PID": "4242", "GPUFENCE_COMM": "python",
-		"GPUFENCE_EXE": "/usr/bin/python3.11", "GPUFENCE_DEVICE_PATH": "/dev/nvidia3", "GPUFENCE_DEVICE": "195:3",
+		"GPUFENCE_EXE": "/usr/bin/python3.11", "GPUFENCE_DEVICE_PATH": "/dev/nvidia3", "GPUFENCE_DEVICE": "195:3", "GPUFENCE_DEVICE_KIND": "gpu",
 		"GPUFENCE_GPU_INDEX": "3", "GPUFENCE_ACCESS": "read,write", "GPUFENCE_CGROUP_ID": "9876",
 		"GPUFENCE_NODE": "gpu-node-1", "GPUFENCE_CLUSTER": "research", "GPUFENCE_BOOT_ID": testBootID,
 		"GPUFENCE_TIME": "2026-11-29T08:00:00.000000005Z", "GPUFENCE_SCHEMA_VERSION": "1", "GPUFENCE_AGENT_VERSION": "v1",

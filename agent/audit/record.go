@@ -177,7 +177,21 @@ type Device struct {
 	Path  string `json:"path,omitempty"`
 	Major uint32 `json:"major"`
 	Minor uint32 `json:"minor"`
+	// Kind is what the filter narrowed it as (DeviceGPU, ...), where the
+	// agent knows it.
+	Kind string `json:"kind,omitempty"`
 }
+
+// Device kinds: a GPU node of Slurm's table (/dev/nvidiaN), a MIG
+// capability node of it (/dev/nvidia-caps/nvidia-capN), an NVSwitch
+// management node (/dev/nvidia-nvswitchctl, /dev/nvidia-nvswitchN), the
+// NVLink management node (/dev/nvidia-nvlink).
+const (
+	DeviceGPU           = "gpu"
+	DeviceMIGCapability = "mig_capability"
+	DeviceNVSwitch      = "nvswitch"
+	DeviceNVLink        = "nvlink"
+)
 
 // GPU is the GPU behind a device, where the node's GPU table knows it.
 type GPU struct {

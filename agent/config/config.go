@@ -74,6 +74,16 @@ type Config struct {
 	// standard value). Unknown, that major is not narrowed and a gres.conf
 	// with MIG slices is refused.
 	NvidiaCapsMajor uint32 `yaml:"nvidia_caps_major"`
+	// FabricManagement is deny (job steps may not open the NVSwitch and
+	// NVLink management nodes, /dev/nvidia-nvswitchctl, /dev/nvidia-nvswitchN
+	// and /dev/nvidia-nvlink, and each attempt is audited: only the fabric
+	// manager uses them) or allow (not narrowed).
+	FabricManagement string `yaml:"fabric_management"`
+	// NVSwitchMajor and NVLinkMajor override the char majors of those
+	// nodes; 0 reads "nvidia-nvswitch" and "nvidia-nvlink" from
+	// /proc/devices (dynamic majors). Unknown: nothing of it to deny.
+	NVSwitchMajor uint32 `yaml:"nvswitch_major"`
+	NVLinkMajor   uint32 `yaml:"nvlink_major"`
 	// IMEXChannels is how IMEX channel devices
 	// (/dev/nvidia-caps-imex-channels/channelN) are narrowed: slurm (each
 	// GPU step opens only the channel Slurm's switch/nvidia_imex made for
@@ -225,6 +235,12 @@ const (
 	AdoptDeny      = "deny"
 )
 
+// FabricManagement values.
+const (
+	FabricDeny  = "deny"
+	FabricAllow = "allow"
+)
+
 // Enforcement values.
 const (
 	EnforcementEnforce   = "enforce"
@@ -261,6 +277,7 @@ func Default() Config {
 		SlurmConf:            slurmConf,
 		NodeName:             host,
 		Mode:                 ModeAuto,
+		FabricManagement:     FabricDeny,
 		ExemptCgroups:        []string{"system", "slurmd"},
 		RequestTimeout:       Duration{5 * time.Second},
 		ReconcileInterval:    Duration{10 * time.Second},
@@ -365,6 +382,28 @@ func (c Config) Validate(source string) error {
 	} else if c.NvidiaCapsMajor != 0 && c.NvidiaCapsMajor == c.NvidiaMajor {
 		bad("nvidia_caps_major", "%d is the same as nvidia_major", c.NvidiaCapsMajor)
 	}
+	switch c.FabricManagement {
+	case FabricDeny, FabricAllow:
+	default:
+		bad("fabric_management", "%q is not one of deny, allow", c.FabricManagement)
+	}
+	for _, m := range []struct {
+		key   string
+		major uint32
+	}{{"nvswitch_major", c.NVSwitchMajor}, {"nvlink_major", c.NVLinkMajor}} {
+		switch {
+		case m.major == 0:
+		case m.major > 4095:
+			bad(m.key, "%d is not a valid char major", m.major)
+		case m.major == c.NvidiaMajor || (c.NvidiaMajor == 0 && m.major == 195):
+			bad(m.key, "%d is the NVIDIA GPU major", m.major)
+		case m.major == c.NvidiaCapsMajor:
+			bad(m.key, "%d is the same as nvidia_caps_major", m.major)
+		}
+	}
+	if c.NVSwitchMajor != 0 && c.NVSwitchMajor == c.NVLinkMajor {
+		bad("nvlink_major", "%d is the same as nvswitch_major", c.NVLinkMajor)
+	}
 	switch c.IMEXChannels {
 	case IMEXAuto, IMEXSlurm, IMEXNone, IMEXUnrestricted:
 	default:
@@ -374,6 +413,8 @@ func (c Config) Validate(source string) error {
 		bad("imex_channels_major", "%d is not a valid char major", c.IMEXChannelsMajor)
 	} else if c.IMEXChannelsMajor != 0 && (c.IMEXChannelsMajor == c.NvidiaMajor || c.IMEXChannelsMajor == c.NvidiaCapsMajor) {
 		bad("imex_channels_major", "%d is the same as nvidia_major or nvidia_caps_major", c.IMEXChannelsMajor)
+	} else if c.IMEXChannelsMajor != 0 && (c.IMEXChannelsMajor == c.NVSwitchMajor || c.IMEXChannelsMajor == c.NVLinkMajor) {
+		bad("imex_channels_major", "%d is the same as nvswitch_major or nvlink_major", c.IMEXChannelsMajor)
 	}
 	for _, e := range c.ExemptCgroups {
 		if e == "" || strings.ContainsRune(e, '/') || strings.HasPrefix(e, "job_") {

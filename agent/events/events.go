@@ -67,7 +67,9 @@ type Options struct {
 	Recorder Recorder
 	Owners   Owners
 	Table    Table
-	Users    *users.Cache
+	// Fabric names the NVSwitch and NVLink management nodes.
+	Fabric devices.Fabric
+	Users  *users.Cache
 	// AuditOnly tells the policy mode records carry.
 	AuditOnly func() bool
 	// QueueSize bounds the events between reader and attribution.
@@ -225,6 +227,16 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 			r.GPU.MIG = &audit.MIG{Profile: g.Type}
 		}
 		r.Device.Path = path
+		r.Device.Kind = audit.DeviceGPU
+		if ev.Major != g.Major {
+			r.Device.Kind = audit.DeviceMIGCapability
+		}
+	}
+	switch kind, path := e.o.Fabric.Of(ev.Major, ev.Minor); kind {
+	case devices.NVSwitch:
+		r.Device.Kind, r.Device.Path = audit.DeviceNVSwitch, path
+	case devices.NVLink:
+		r.Device.Kind, r.Device.Path = audit.DeviceNVLink, path
 	}
 	who := "a cgroup without a policy entry (no registered step)"
 	switch {
@@ -236,6 +248,15 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 	}
 	what := fmt.Sprintf("device %d:%d", ev.Major, ev.Minor)
 	switch {
+	case r.Device.Kind == audit.DeviceNVSwitch || r.Device.Kind == audit.DeviceNVLink:
+		name := "NVSwitch"
+		if r.Device.Kind == audit.DeviceNVLink {
+			name = "NVLink"
+		}
+		what = fmt.Sprintf("%s management device %d:%d", name, ev.Major, ev.Minor)
+		if r.Device.Path != "" {
+			what = fmt.Sprintf("%s management device %s (%d:%d)", name, r.Device.Path, ev.Major, ev.Minor)
+		}
 	case r.GPU != nil && r.GPU.MIG != nil:
 		what = fmt.Sprintf("MIG slice GPU %d (%s)", r.GPU.Index, r.Device.Path)
 	case r.GPU != nil:

@@ -33,14 +33,14 @@ func capsNodeNames() []string {
 	return out
 }
 
-// fakeCapsMajor picks a char major no driver registered (nvidia-caps gets a
-// dynamic one, from the same range), so that an allowed open fails with
-// ENXIO.
-func fakeCapsMajor(t *testing.T) uint32 {
+// fakeMajors picks n char majors no driver registered (nvidia-caps,
+// nvidia-nvswitch and nvidia-nvlink get dynamic ones, from the same range),
+// so that an allowed open fails with ENXIO.
+func fakeMajors(t *testing.T, n int) []uint32 {
 	t.Helper()
 	f, err := os.Open("/proc/devices")
 	if err != nil {
-		t.Fatalf("pick a fake nvidia-caps major: %v", err)
+		t.Fatalf("pick fake dynamic majors: %v", err)
 	}
 	defer f.Close()
 	used := map[uint32]bool{195: true, uvmMajor: true}
@@ -60,13 +60,16 @@ func fakeCapsMajor(t *testing.T) uint32 {
 			}
 		}
 	}
-	for m := uint32(239); m >= 230; m-- {
+	var out []uint32
+	for m := uint32(239); m >= 220 && len(out) < n; m-- {
 		if !used[m] {
-			return m
+			out = append(out, m)
 		}
 	}
-	t.Skip("skipping: no unused char major in 230-239 for fake nvidia-caps nodes")
-	return 0
+	if len(out) < n {
+		t.Skipf("skipping: fewer than %d unused char majors in 220-239 for fake nvidia-caps, nvswitch and nvlink nodes", n)
+	}
+	return out
 }
 
 // expectCaps checks which fake nvidia-caps nodes open from rel: exactly

@@ -4,9 +4,13 @@
 //
 // gpufence device filter: a BPF_PROG_TYPE_CGROUP_DEVICE program that narrows
 // access to GPU-class devices (char devices of the NVIDIA major, minors 0..253,
+// access to GPU-class devices (char devices of the NVIDIA major, minors 0..253,
 // of the nvidia-caps major, whose minors grant MIG instances, and of the IMEX
-// channel major, one channel per policy) by the Slurm job a task runs in. Every other device is allowed, always, so the filter
-// never fights systemd, Slurm or a container runtime.
+// channel major, one channel per policy) by the Slurm job a task runs in, and
+// denies the NVSwitch and NVLink management nodes (the nvidia-nvswitch and
+// nvidia-nvlink majors, every minor: only the fabric manager uses them) to
+// everything but allow-all entries. Every other device is allowed, always, so
+// the filter never fights systemd, Slurm or a container runtime.
 //
 // Two programs share one decision function; the loader loads only one:
 //
@@ -69,7 +73,10 @@ enum device_class {
 	CLASS_OTHER = 0,
 	CLASS_GPU = 1,
 	CLASS_CAPS = 2,
-	CLASS_IMEX = 3,
+	// NVSwitch and NVLink management nodes: no policy grants them.
+	CLASS_FABRIC = 3,
+	// IMEX channels: a policy grants at most one.
+	CLASS_IMEX = 4,
 };
 
 enum decision {
@@ -98,11 +105,19 @@ struct filter_config {
 	// Events per rate key and window; the rest are counted as suppressed.
 	__u32 rate_burst;
 	// Char major of /dev/nvidia-caps/nvidia-cap*; 0: unknown, not narrowed.
-	// (It took the place of padding, so the map keeps its size.)
+	// (It took the place of padding, so the map kept its size then.)
 	__u32 caps_major;
+	// Char majors of /dev/nvidia-nvswitchctl and /dev/nvidia-nvswitchN
+	// (nvidia-nvswitch) and of /dev/nvidia-nvlink (nvidia-nvlink); 0: not
+	// narrowed (the driver has none, or the agent allows them). Added at
+	// the end: the config map of an older program is replaced, not adopted.
+	__u32 nvswitch_major;
+	__u32 nvlink_major;
 	// Char major of /dev/nvidia-caps-imex-channels/channel*
 	// ("nvidia-caps-imex-channels" in /proc/devices, or Slurm's
-	// imex_dev_major); 0: not narrowed.
+	// imex_dev_major); 0: not narrowed. Added after the management majors
+	// (the 40-byte layout), so that a config map of each older layout is a
+	// prefix of this one; it too is replaced on upgrade, not adopted.
 	__u32 imex_major;
 	__u32 _pad;
 };
@@ -268,6 +283,10 @@ static __always_inline int classify(const struct bpf_cgroup_dev_ctx *ctx,
 		return CLASS_GPU;
 	if (cfg->caps_major && ctx->major == cfg->caps_major)
 		return CLASS_CAPS;
+	if (cfg->nvswitch_major && ctx->major == cfg->nvswitch_major)
+		return CLASS_FABRIC;
+	if (cfg->nvlink_major && ctx->major == cfg->nvlink_major)
+		return CLASS_FABRIC;
 	if (cfg->imex_major && ctx->major == cfg->imex_major)
 		return CLASS_IMEX;
 	return CLASS_OTHER;
@@ -301,6 +320,8 @@ static __always_inline int allowed(const struct policy *p, int class,
 			return 0;
 		return (p->minors[minor >> 6] >> (minor & 63)) & 1;
 	}
+	if (class == CLASS_FABRIC)
+		return 0;
 	if (minor < CAPS_MINOR_FIRST_ACCESS || minor > CAPS_MINOR_MAX)
 		return 0;
 	return (p->caps[minor >> 6] >> (minor & 63)) & 1;

@@ -59,16 +59,18 @@ type devfilterEvent struct {
 }
 
 type devfilterFilterConfig struct {
-	_            structs.HostLayout
-	ScopeLevel   uint32
-	NvidiaMajor  uint32
-	AuditOnly    uint32
-	AuditAllowed uint32
-	RateWindowNs uint64
-	RateBurst    uint32
-	CapsMajor    uint32
-	ImexMajor    uint32
-	Pad          uint32
+	_             structs.HostLayout
+	ScopeLevel    uint32
+	NvidiaMajor   uint32
+	AuditOnly     uint32
+	AuditAllowed  uint32
+	RateWindowNs  uint64
+	RateBurst     uint32
+	CapsMajor     uint32
+	NvswitchMajor uint32
+	NvlinkMajor   uint32
+	ImexMajor     uint32
+	Pad           uint32
 }
 
 type devfilterPolicy struct {

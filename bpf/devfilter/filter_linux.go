@@ -223,11 +223,17 @@ func New(opts Options) (_ *Filter, err error) {
 		RateWindowNs: uint64(opts.RateWindow),
 		RateBurst:    opts.RateBurst,
 		CapsMajor:    opts.CapsMajor,
-		ImexMajor:    opts.IMEXMajor,
+		// The fabric and IMEX majors are the last words of the config: a
+		// pinned config map of an older program is shorter and was
+		// replaced.
+		NvswitchMajor: opts.NVSwitchMajor,
+		NvlinkMajor:   opts.NVLinkMajor,
+		ImexMajor:     opts.IMEXMajor,
 	}
 	// An adopted config map is read by the running program; it keeps its
-	// layout (else it is not adopted), and only the option words change.
-	if err := putConfig(f.config, &f.cfg); err != nil {
+	// layout (else it is not adopted: the new program gets a new one), and
+	// only the option words change.
+	if err := putConfig(f.config, f.cfg); err != nil {
 		return nil, errors.Join(fmt.Errorf("configure device filter: %w", err), f.closeObjects())
 	}
 	if f.reader, err = ringbuf.NewReader(f.events); err != nil {
@@ -282,7 +288,8 @@ func New(opts Options) (_ *Filter, err error) {
 	}
 	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
 		"pin_dir", opts.PinDir, "adopted", f.adopted, "adopted_links", len(f.attached),
-		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor, "imex_major", opts.IMEXMajor, "audit_only", opts.AuditOnly,
+		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor,
+		"nvswitch_major", opts.NVSwitchMajor, "nvlink_major", opts.NVLinkMajor, "imex_major", opts.IMEXMajor, "audit_only", opts.AuditOnly,
 		"audit_allowed", string(opts.AuditAllowed), "rate_window", opts.RateWindow, "rate_burst", opts.RateBurst)
 	return f, nil
 }
@@ -291,25 +298,6 @@ var auditAllowedCodes = map[AuditAllowed]devfilterAuditAllowed{
 	AuditAllowedNone:  devfilterAuditAllowedAUDIT_ALLOWED_NONE,
 	AuditAllowedFirst: devfilterAuditAllowedAUDIT_ALLOWED_FIRST,
 	AuditAllowedAll:   devfilterAuditAllowedAUDIT_ALLOWED_ALL,
-}
-
-// putConfig writes cfg into the config map. A map of an older, shorter
-// layout (an older program's, as the upgrade tests load) gets the fields
-// it has, as long as the ones it lacks are zero: that program narrows
-// nothing it does not know.
-func putConfig(m *ebpf.Map, cfg *devfilterFilterConfig) error {
-	var buf bytes.Buffer
-	if err := binary.Write(&buf, binary.NativeEndian, cfg); err != nil {
-		return err
-	}
-	raw, size := buf.Bytes(), int(m.ValueSize())
-	if size < len(raw) {
-		if slices.ContainsFunc(raw[size:], func(b byte) bool { return b != 0 }) {
-			return fmt.Errorf("config map of %d bytes cannot hold options set past them (IMEX major %d)", size, cfg.ImexMajor)
-		}
-		raw = raw[:size]
-	}
-	return m.Put(uint32(0), raw)
 }
 
 func boolU32(b bool) uint32 {
@@ -697,7 +685,7 @@ func (f *Filter) SetAuditOnly(on bool) error {
 	cfg := f.cfg
 	cfg.AuditOnly = boolU32(on)
 	// The program reads the config field by field; only this word changes.
-	if err := f.config.Put(uint32(0), &cfg); err != nil {
+	if err := putConfig(f.config, cfg); err != nil {
 		return fmt.Errorf("set device filter audit-only: %w", err)
 	}
 	f.cfg = cfg
@@ -751,4 +739,29 @@ func (f *Filter) closeObjects() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// putConfig writes cfg into the config map. A map of an older, shorter
+// layout (only a program of that layout reads it: tests that play an older
+// agent) gets the fields it has, and refuses a value whose dropped tail is
+// not zero: a setting that program cannot apply. A map of any other size
+// is refused, never written misaligned.
+func putConfig(m *ebpf.Map, cfg devfilterFilterConfig) error {
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, binary.NativeEndian, &cfg); err != nil {
+		return err
+	}
+	raw := buf.Bytes()
+	n := int(m.ValueSize())
+	if !slices.Contains(configLayoutSizes, n) {
+		return fmt.Errorf("config map of %d bytes: not a layout of %v bytes", n, configLayoutSizes)
+	}
+	if n < len(raw) {
+		if slices.ContainsFunc(raw[n:], func(b byte) bool { return b != 0 }) {
+			return fmt.Errorf("config map of %d bytes (an older layout) cannot hold the options set past them (NVSwitch major %d, NVLink major %d, IMEX major %d)",
+				n, cfg.NvswitchMajor, cfg.NvlinkMajor, cfg.ImexMajor)
+		}
+		raw = raw[:n]
+	}
+	return m.Put(uint32(0), raw)
 }

@@ -65,16 +65,20 @@ func errnoOf(err error) int {
 	return -1
 }
 
-// fakeIMEXMajor picks a char major no driver registered and not the fake
-// nvidia-caps one, so that an allowed open fails with ENXIO.
-func fakeIMEXMajor(t *testing.T, not uint32) uint32 {
+// fakeIMEXMajor picks a char major no driver registered and none of the
+// fixture's fake ones (nvidia-caps, NVSwitch, NVLink), so that an allowed
+// open fails with ENXIO.
+func fakeIMEXMajor(t *testing.T, not ...uint32) uint32 {
 	t.Helper()
 	f, err := os.Open("/proc/devices")
 	if err != nil {
 		t.Fatalf("pick a fake IMEX major: %v", err)
 	}
 	defer f.Close()
-	used := map[uint32]bool{195: true, uvmMajor: true, not: true}
+	used := map[uint32]bool{195: true, uvmMajor: true}
+	for _, m := range not {
+		used[m] = true
+	}
 	inChar := false
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -172,7 +176,7 @@ func (fx *fixture) expectIMEX(t *testing.T, rel, dir string, major uint32, allow
 // reported with the IMEX device; GPUs are untouched by a channel.
 func TestPrivilegedIMEXChannels(t *testing.T) {
 	forEachMode(t, func(t *testing.T, fx *fixture, mode Mode) {
-		major := fakeIMEXMajor(t, fx.capsMajor)
+		major := fakeIMEXMajor(t, fx.capsMajor, fx.nvswitchMajor, fx.nvlinkMajor)
 		dir := imexNodes(t, major)
 		f := newFilter(t, fx.options(mode, Options{CapsMajor: fx.capsMajor, IMEXMajor: major}))
 		events := collectEvents(f)
@@ -243,7 +247,7 @@ func TestPrivilegedIMEXChannels(t *testing.T) {
 func TestPrivilegedIMEXUnnarrowed(t *testing.T) {
 	fx := newFixture(t)
 	requireMode(t, ModeScope)
-	major := fakeIMEXMajor(t, fx.capsMajor)
+	major := fakeIMEXMajor(t, fx.capsMajor, fx.nvswitchMajor, fx.nvlinkMajor)
 	dir := imexNodes(t, major)
 	f := newFilter(t, fx.options(ModeScope, Options{CapsMajor: fx.capsMajor}))
 	if err := f.Set(fx.cgroup(t, "job_1/step_0"), Policy{}); err != nil {

@@ -3,6 +3,8 @@
 package devfilter
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -51,7 +53,11 @@ type PinnedConfig struct {
 	NvidiaMajor uint32
 	// CapsMajor is the nvidia-caps major the program narrows; 0: none.
 	CapsMajor uint32
-	// IMEXMajor is the IMEX channel major the program narrows; 0: none.
+	// NVSwitchMajor and NVLinkMajor are the management majors the program
+	// denies to job steps; 0: none (or a program older than these fields).
+	NVSwitchMajor, NVLinkMajor uint32
+	// IMEXMajor is the IMEX channel major the program narrows; 0: none (or
+	// a program older than this field).
 	IMEXMajor    uint32
 	AuditOnly    bool
 	AuditAllowed AuditAllowed
@@ -129,12 +135,12 @@ func InspectPins(dir string) (*PinnedView, error) {
 		return m
 	}
 	if m := open("config"); m != nil {
-		var c devfilterFilterConfig
-		if err := m.Lookup(uint32(0), &c); err != nil {
+		if c, err := readConfig(m); err != nil {
 			fail("map config: %v", err)
 		} else {
-			v.Config = &PinnedConfig{NvidiaMajor: c.NvidiaMajor, CapsMajor: c.CapsMajor, IMEXMajor: c.ImexMajor, AuditOnly: c.AuditOnly != 0,
-				RateWindow: time.Duration(c.RateWindowNs), RateBurst: c.RateBurst}
+			v.Config = &PinnedConfig{NvidiaMajor: c.NvidiaMajor, CapsMajor: c.CapsMajor, AuditOnly: c.AuditOnly != 0,
+				RateWindow: time.Duration(c.RateWindowNs), RateBurst: c.RateBurst,
+				NVSwitchMajor: c.NvswitchMajor, NVLinkMajor: c.NvlinkMajor, IMEXMajor: c.ImexMajor}
 			for name, code := range auditAllowedCodes {
 				if uint32(code) == c.AuditAllowed {
 					v.Config.AuditAllowed = name
@@ -276,4 +282,37 @@ func CgroupExists(id uint64) (bool, error) {
 	}
 	unix.Close(fd)
 	return true, nil
+}
+
+// The sizes of struct filter_config an agent may have pinned, oldest
+// first; each is a prefix of the next, which only appends fields whose zero
+// narrows nothing. configLayout1Size: before the fabric majors (program
+// layouts 1 and 2 of testdata/); configLayout2Size: before the IMEX major
+// (program layout 3). A config map of another size is not read.
+const (
+	configLayout1Size = 32
+	configLayout2Size = 40
+)
+
+// configLayoutSizes lists every config size putConfig and readConfig
+// accept: the older layouts and this one.
+var configLayoutSizes = []int{configLayout1Size, configLayout2Size, binary.Size(devfilterFilterConfig{})}
+
+// readConfig reads the config map of this layout or of an older, shorter
+// one, zero-extended (no fabric or IMEX major narrowed).
+func readConfig(m *ebpf.Map) (devfilterFilterConfig, error) {
+	var c devfilterFilterConfig
+	size := binary.Size(c)
+	if !slices.Contains(configLayoutSizes, int(m.ValueSize())) {
+		return c, fmt.Errorf("config value of %d bytes: not a layout of %v bytes", m.ValueSize(), configLayoutSizes)
+	}
+	raw := make([]byte, m.ValueSize())
+	if err := m.Lookup(uint32(0), raw); err != nil {
+		return c, err
+	}
+	raw = append(raw, make([]byte, size-len(raw))...)
+	if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &c); err != nil {
+		return c, err
+	}
+	return c, nil
 }

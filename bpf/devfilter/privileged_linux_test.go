@@ -68,7 +68,7 @@ func childOpenAll(dir string) int {
 			}
 		}
 	}
-	for _, name := range append(nodeNames(testNodes), capsNodeNames()...) {
+	for _, name := range slices.Concat(nodeNames(testNodes), capsNodeNames(), fabricNodeNames()) {
 		fd, err := unix.Open(filepath.Join(dir, name), unix.O_RDWR|unix.O_CLOEXEC, 0)
 		var errno unix.Errno
 		if err == nil {
@@ -128,6 +128,8 @@ type fixture struct {
 	// capsMajor is the fake nvidia-caps major of the nodes under
 	// devDir/nvidia-caps (capsTestMinors).
 	capsMajor uint32
+	// nvswitchMajor and nvlinkMajor are the fake majors of fabricNodes.
+	nvswitchMajor, nvlinkMajor uint32
 }
 
 func requirePrivileges(t *testing.T) string {
@@ -192,7 +194,14 @@ func newFixture(t *testing.T) *fixture {
 			t.Fatalf("mknod %s: %v", n.name, err)
 		}
 	}
-	fx.capsMajor = fakeCapsMajor(t)
+	majors := fakeMajors(t, 3)
+	fx.capsMajor, fx.nvswitchMajor, fx.nvlinkMajor = majors[0], majors[1], majors[2]
+	for _, n := range fabricNodes {
+		dev := unix.Mkdev(fx.fabricMajor(n), n.minor)
+		if err := unix.Mknod(filepath.Join(fx.devDir, n.name), unix.S_IFCHR|0o666, int(dev)); err != nil {
+			t.Fatalf("mknod %s: %v", n.name, err)
+		}
+	}
 	if err := os.Mkdir(filepath.Join(fx.devDir, "nvidia-caps"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +283,7 @@ func (fx *fixture) openAll(t *testing.T, rel string) (int, map[string]unix.Errno
 		}
 		got[name] = unix.Errno(n)
 	}
-	if want := len(testNodes) + len(capsTestMinors); len(got) != want {
+	if want := len(testNodes) + len(capsTestMinors) + len(fabricNodes); len(got) != want {
 		t.Fatalf("child output %q: want %d nodes", out, want)
 	}
 	return cmd.Process.Pid, got

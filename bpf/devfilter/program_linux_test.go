@@ -148,11 +148,21 @@ func TestGeneratedLayout(t *testing.T) {
 	if off := unsafe.Offsetof(devfilterPolicy{}.Caps); off != policyLayout1Size {
 		t.Errorf("caps bitmap at offset %d, want %d (after the first layout)", off, policyLayout1Size)
 	}
-	// caps_major took the place of padding; imex_major (and its padding)
-	// grew the config to 40 bytes: an upgrade makes a new config map, which
-	// New writes whole.
-	if got := unsafe.Sizeof(devfilterFilterConfig{}); got != 40 {
-		t.Errorf("filter config is %d bytes, want 40", got)
+	// caps_major took the place of padding; the management majors came
+	// after the end of that layout, and the IMEX major (with one padding
+	// word) after those: each older config map is a prefix, which an
+	// upgrade replaces (readConfig zero-extends it for gpufence status).
+	if got := unsafe.Sizeof(devfilterFilterConfig{}); got != 48 {
+		t.Errorf("filter config is %d bytes, want 48", got)
+	}
+	if off := unsafe.Offsetof(devfilterFilterConfig{}.NvswitchMajor); off != configLayout1Size {
+		t.Errorf("nvswitch_major at offset %d, want %d (after the first config layout)", off, configLayout1Size)
+	}
+	if off := unsafe.Offsetof(devfilterFilterConfig{}.ImexMajor); off != configLayout2Size {
+		t.Errorf("imex_major at offset %d, want %d (after the second config layout)", off, configLayout2Size)
+	}
+	if got := configLayoutSizes[len(configLayoutSizes)-1]; got != int(unsafe.Sizeof(devfilterFilterConfig{})) {
+		t.Errorf("newest accepted config layout is %d bytes, want this one's %d", got, unsafe.Sizeof(devfilterFilterConfig{}))
 	}
 	// imex_channel took the place of the policy's padding: an older entry
 	// reads as no channel, and the policy keeps its size.

@@ -68,7 +68,7 @@ func (f *Filter) Reattach(scopeDir string) error {
 		// the scope; set it before any task of the new scope is judged.
 		cfg := f.cfg
 		cfg.ScopeLevel = uint32(level)
-		if err := f.config.Put(uint32(0), &cfg); err != nil {
+		if err := putConfig(f.config, cfg); err != nil {
 			return fmt.Errorf("re-attach device filter: set scope level: %w", err)
 		}
 		f.cfg = cfg

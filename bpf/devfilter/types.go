@@ -3,7 +3,9 @@
 // Package devfilter loads gpufence's cgroup device filter into the kernel,
 // attaches it, writes per-cgroup GPU policies (GPU minors of the NVIDIA
 // major, MIG capability minors of the nvidia-caps major) into its maps and
-// reads the events it reports. It decides nothing about jobs: which cgroup may use
+// reads the events it reports. The NVSwitch and NVLink management majors,
+// when given, are denied to every cgroup the filter narrows that has no
+// allow-all policy. It decides nothing about jobs: which cgroup may use
 // which GPU is decided by the caller.
 package devfilter
 
@@ -76,6 +78,13 @@ type Options struct {
 	// "nvidia-caps" in /proc/devices). 0 leaves that major unnarrowed, for
 	// nodes whose driver has not registered it.
 	CapsMajor uint32
+	// NVSwitchMajor is the char major of /dev/nvidia-nvswitchctl and
+	// /dev/nvidia-nvswitchN ("nvidia-nvswitch" in /proc/devices), NVLinkMajor
+	// that of /dev/nvidia-nvlink ("nvidia-nvlink"). Every minor of each is
+	// denied to what the filter narrows (job steps), and allowed only to
+	// allow-all policies (Slurm's own cgroups). 0 leaves that major alone:
+	// the driver has none, or the caller allows these nodes.
+	NVSwitchMajor, NVLinkMajor uint32
 	// IMEXMajor is the char major of the IMEX channel nodes
 	// (/dev/nvidia-caps-imex-channels/channelN, dynamic:
 	// "nvidia-caps-imex-channels" in /proc/devices); the minor is the
@@ -157,11 +166,25 @@ func (o Options) validate() (Options, error) {
 	if o.CapsMajor != 0 && o.CapsMajor == o.NvidiaMajor {
 		return o, fmt.Errorf("devfilter options: CapsMajor %d: the same as NvidiaMajor", o.CapsMajor)
 	}
-	if o.IMEXMajor > maxMajor {
-		return o, fmt.Errorf("devfilter options: IMEXMajor %d: larger than %d", o.IMEXMajor, maxMajor)
+	for _, m := range []struct {
+		name  string
+		major uint32
+	}{{"NVSwitchMajor", o.NVSwitchMajor}, {"NVLinkMajor", o.NVLinkMajor}, {"IMEXMajor", o.IMEXMajor}} {
+		switch {
+		case m.major == 0:
+		case m.major > maxMajor:
+			return o, fmt.Errorf("devfilter options: %s %d: larger than %d", m.name, m.major, maxMajor)
+		case m.major == o.NvidiaMajor:
+			return o, fmt.Errorf("devfilter options: %s %d: the same as NvidiaMajor", m.name, m.major)
+		case m.major == o.CapsMajor:
+			return o, fmt.Errorf("devfilter options: %s %d: the same as CapsMajor", m.name, m.major)
+		}
 	}
-	if o.IMEXMajor != 0 && (o.IMEXMajor == o.NvidiaMajor || o.IMEXMajor == o.CapsMajor) {
-		return o, fmt.Errorf("devfilter options: IMEXMajor %d: the same as NvidiaMajor or CapsMajor", o.IMEXMajor)
+	if o.NVSwitchMajor != 0 && o.NVSwitchMajor == o.NVLinkMajor {
+		return o, fmt.Errorf("devfilter options: NVLinkMajor %d: the same as NVSwitchMajor", o.NVLinkMajor)
+	}
+	if o.IMEXMajor != 0 && (o.IMEXMajor == o.NVSwitchMajor || o.IMEXMajor == o.NVLinkMajor) {
+		return o, fmt.Errorf("devfilter options: IMEXMajor %d: the same as NVSwitchMajor or NVLinkMajor", o.IMEXMajor)
 	}
 	switch o.AuditAllowed {
 	case "":

@@ -142,6 +142,17 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "caps major", opts: Options{ScopeDir: "/a", CapsMajor: 237}, wantMajor: 195},
 		{name: "caps major too large", opts: Options{ScopeDir: "/a", CapsMajor: 4096}, wantErr: "CapsMajor 4096"},
 		{name: "caps major is the NVIDIA major", opts: Options{ScopeDir: "/a", CapsMajor: 195}, wantErr: "the same as NvidiaMajor"},
+		{name: "fabric majors", opts: Options{ScopeDir: "/a", CapsMajor: 237, NVSwitchMajor: 236, NVLinkMajor: 235}, wantMajor: 195},
+		{name: "nvswitch major too large", opts: Options{ScopeDir: "/a", NVSwitchMajor: 4096}, wantErr: "NVSwitchMajor 4096: larger than 4095"},
+		{name: "nvlink major too large", opts: Options{ScopeDir: "/a", NVLinkMajor: 5000}, wantErr: "NVLinkMajor 5000: larger than 4095"},
+		{name: "nvswitch major is the NVIDIA major", opts: Options{ScopeDir: "/a", NVSwitchMajor: 195}, wantErr: "NVSwitchMajor 195: the same as NvidiaMajor"},
+		{name: "nvlink major is the caps major", opts: Options{ScopeDir: "/a", CapsMajor: 237, NVLinkMajor: 237}, wantErr: "NVLinkMajor 237: the same as CapsMajor"},
+		{name: "nvlink major is the nvswitch major", opts: Options{ScopeDir: "/a", NVSwitchMajor: 236, NVLinkMajor: 236}, wantErr: "NVLinkMajor 236: the same as NVSwitchMajor"},
+		{name: "imex major", opts: Options{ScopeDir: "/a", CapsMajor: 237, NVSwitchMajor: 236, NVLinkMajor: 235, IMEXMajor: 234}, wantMajor: 195},
+		{name: "imex major too large", opts: Options{ScopeDir: "/a", IMEXMajor: 4096}, wantErr: "IMEXMajor 4096: larger than 4095"},
+		{name: "imex major is the caps major", opts: Options{ScopeDir: "/a", CapsMajor: 237, IMEXMajor: 237}, wantErr: "IMEXMajor 237: the same as CapsMajor"},
+		{name: "imex major is the nvswitch major", opts: Options{ScopeDir: "/a", NVSwitchMajor: 236, IMEXMajor: 236}, wantErr: "IMEXMajor 236: the same as NVSwitchMajor or NVLinkMajor"},
+		{name: "imex major is the nvlink major", opts: Options{ScopeDir: "/a", NVLinkMajor: 235, IMEXMajor: 235}, wantErr: "IMEXMajor 235: the same as NVSwitchMajor or NVLinkMajor"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

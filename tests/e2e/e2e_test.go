@@ -306,6 +306,9 @@ type agentOpts struct {
 	auditFile string // "" = a new file under the cluster's logs
 	// slurmBinDir is where the agent finds scontrol and squeue; "" = PATH.
 	slurmBinDir string
+	// yaml is appended to the agent's configuration file (a test's own
+	// keys, e.g. nvswitch_test.go's fake majors).
+	yaml string
 }
 
 // agentArgs writes the agent's own configuration file and audit file for
@@ -333,6 +336,7 @@ func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 	}
 	// No driver registers nvidia-caps here: the cluster's fake major.
 	yaml += fmt.Sprintf("nvidia_caps_major: %d\n", st.c.CapsMajor())
+	yaml += opt.yaml
 	if err := st.metricsSetup(); err != nil {
 		return nil, err
 	}
@@ -890,9 +894,15 @@ func TestPrivilegedAgentKilled(t *testing.T) {
 		if err := st.startAgent(); err != nil {
 			t.Fatal(err)
 		}
-		// While the job still runs, status lists it, consistent.
+		// While the job still runs, status lists it, consistent. The
+		// state file is written off the reply path (coalesced), so status
+		// may lag a just-made entry by one write: it must agree within 3 s.
 		var code int
-		st.statusAfterRestart, code = st.status(t)
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if st.statusAfterRestart, code = st.status(t); code == 0 || time.Now().After(deadline) {
+				break
+			}
+		}
 		if code != 0 {
 			t.Errorf("gpufence status exit %d after the restart:\n%s", code, st.statusAfterRestart)
 		}

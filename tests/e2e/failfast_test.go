@@ -62,6 +62,19 @@ func TestPrivilegedFailFast(t *testing.T) {
 		rep, r := st.srun(t, nil, "--gres=gpu:1")
 		mustOK(t, r)
 		st.expectGPUs(t, rep, st.allocatedOf(t, rep))
+		// The holding jobs' epilogs could not reach the agent: it drops
+		// their records once slurmctld says they ended (reconcile, after
+		// EndCheckFirst). Later tests expect no job left behind.
+		for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+			left, _ := os.ReadDir(st.jobMapDir)
+			if len(left) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("jobs whose epilog missed the agent still mapped after 90 s: %v", left)
+				break
+			}
+		}
 	}()
 
 	work := filepath.Join(st.c.Root(), "work")

@@ -245,8 +245,15 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	if cfg.NvidiaCapsMajor == major {
 		return fmt.Errorf("nvidia-caps major %d is the NVIDIA GPU major too; set nvidia_major or nvidia_caps_major", major)
 	}
+	nvswitchMajor, nvlinkMajor, err := resolveFabric(&cfg, major, log)
+	if err != nil {
+		return err
+	}
 	if err := resolveIMEX(&cfg, major, log); err != nil {
 		return err
+	}
+	if m := cfg.IMEXChannelsMajor; m != 0 && (m == cfg.NVSwitchMajor || m == cfg.NVLinkMajor) {
+		return fmt.Errorf("IMEX channel major %d is the nvidia-nvswitch or nvidia-nvlink major too; set imex_channels_major, nvswitch_major or nvlink_major", m)
 	}
 	mode := devfilter.Mode("")
 	if cfg.Mode != config.ModeAuto {
@@ -277,7 +284,8 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 		}
 	}()
 	fopts := devfilter.Options{
-		Mode: mode, NvidiaMajor: major, CapsMajor: cfg.NvidiaCapsMajor, IMEXMajor: cfg.IMEXChannelsMajor, Logger: log, PinDir: cfg.PinDir,
+		Mode: mode, NvidiaMajor: major, CapsMajor: cfg.NvidiaCapsMajor, Logger: log, PinDir: cfg.PinDir,
+		NVSwitchMajor: nvswitchMajor, NVLinkMajor: nvlinkMajor, IMEXMajor: cfg.IMEXChannelsMajor,
 		AuditOnly:    cfg.Enforcement == config.EnforcementAuditOnly,
 		AuditAllowed: devfilter.AuditAllowed(cfg.Audit.Allowed),
 		RateWindow:   cfg.Audit.RateWindow.Duration, RateBurst: cfg.Audit.RateBurst,
