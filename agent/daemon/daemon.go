@@ -152,8 +152,9 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	}
 	d.reg = registry.New(d.store, d.log.With("component", "registry"))
 	d.ev = events.New(events.Options{Log: log.With("component", "events"), Recorder: rec, Owners: d.reg, Table: d.table,
-		Fabric: devices.Fabric{NVSwitchMajor: cfg.NVSwitchMajor, NVLinkMajor: cfg.NVLinkMajor},
-		Users:  d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize})
+		Fabric:    devices.Fabric{NVSwitchMajor: cfg.NVSwitchMajor, NVLinkMajor: cfg.NVLinkMajor},
+		IMEXMajor: cfg.IMEXChannelsMajor,
+		Users:     d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize})
 	d.enf = enforcer.New(enforcer.Options{
 		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
 		NewFilter: newFilter, Registry: d.reg, Recorder: rec,

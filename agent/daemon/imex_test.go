@@ -210,6 +210,9 @@ func TestPrivilegedIMEXStepChannel(t *testing.T) {
 		for _, r := range tr.rec.records(audit.EventGPUAccess) {
 			if r.JobID == 1 && r.Decision == audit.DecisionDenied && r.Device != nil && r.Device.Major == major && r.Device.Minor == 3 {
 				n++
+				if r.Device.Kind != audit.DeviceIMEXChannel || r.Device.Path != "/dev/nvidia-caps-imex-channels/channel3" {
+					t.Errorf("denied record of channel 3: device %+v, want kind %s, path /dev/nvidia-caps-imex-channels/channel3", r.Device, audit.DeviceIMEXChannel)
+				}
 			}
 		}
 		if n > 0 {

@@ -239,7 +239,12 @@ func TestPrivilegedIMEXChannels(t *testing.T) {
 		})
 		found := false
 		for _, r := range access(recs, "denied") {
-			found = found || (r.Device != nil && r.Device.Major == major && r.Device.Minor == j.other)
+			if r.Device != nil && r.Device.Major == major && r.Device.Minor == j.other {
+				found = true
+				if want := fmt.Sprintf("/dev/nvidia-caps-imex-channels/channel%d", j.other); r.Device.Kind != audit.DeviceIMEXChannel || r.Device.Path != want {
+					t.Errorf("job %s: denied record of channel %d: device %+v, want kind %s, path %s", j.id, j.other, r.Device, audit.DeviceIMEXChannel, want)
+				}
+			}
 		}
 		if !found {
 			t.Errorf("job %s: no denied audit record for channel %d:%d; records %+v", j.id, major, j.other, recs)
