@@ -13,7 +13,7 @@ import (
 // kind the agent writes and no other.
 func TestSchemaDeviceKind(t *testing.T) {
 	uid := UID(1000)
-	for _, kind := range []string{DeviceGPU, DeviceMIGCapability, DeviceNVSwitch, DeviceNVLink, "switch"} {
+	for _, kind := range []string{DeviceGPU, DeviceMIGCapability, DeviceNVSwitch, DeviceNVLink, DeviceIMEXChannel, "switch"} {
 		r := Record{SchemaVersion: "1", Seq: 1, BootID: testBootID, Time: time.Now().UTC(), Event: EventGPUAccess, Severity: SeverityWarning,
 			Node: "n", Cluster: "c", AgentVersion: "v", Message: "NVSwitch management device /dev/nvidia-nvswitchctl (236:255) denied to job 12 step 0",
 			Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", UID: uid, PID: 4242, Comm: "python",

@@ -185,12 +185,14 @@ type Device struct {
 // Device kinds: a GPU node of Slurm's table (/dev/nvidiaN), a MIG
 // capability node of it (/dev/nvidia-caps/nvidia-capN), an NVSwitch
 // management node (/dev/nvidia-nvswitchctl, /dev/nvidia-nvswitchN), the
-// NVLink management node (/dev/nvidia-nvlink).
+// NVLink management node (/dev/nvidia-nvlink), an IMEX channel
+// (/dev/nvidia-caps-imex-channels/channelN, minor N).
 const (
 	DeviceGPU           = "gpu"
 	DeviceMIGCapability = "mig_capability"
 	DeviceNVSwitch      = "nvswitch"
 	DeviceNVLink        = "nvlink"
+	DeviceIMEXChannel   = "imex_channel"
 )
 
 // GPU is the GPU behind a device, where the node's GPU table knows it.

@@ -84,6 +84,17 @@ type Config struct {
 	// /proc/devices (dynamic majors). Unknown: nothing of it to deny.
 	NVSwitchMajor uint32 `yaml:"nvswitch_major"`
 	NVLinkMajor   uint32 `yaml:"nvlink_major"`
+	// IMEXChannels is how IMEX channel devices
+	// (/dev/nvidia-caps-imex-channels/channelN) are narrowed: slurm (each
+	// GPU step opens only the channel Slurm's switch/nvidia_imex made for
+	// its job), none (no job opens any), unrestricted (not narrowed), or
+	// auto (slurm when slurm.conf says SwitchType=switch/nvidia_imex, else
+	// unrestricted).
+	IMEXChannels string `yaml:"imex_channels"`
+	// IMEXChannelsMajor overrides the char major of the channel devices; 0
+	// takes slurm.conf's SwitchParameters=imex_dev_major=, else
+	// "nvidia-caps-imex-channels" from /proc/devices. Unknown: not narrowed.
+	IMEXChannelsMajor uint32 `yaml:"imex_channels_major"`
 	// ExemptCgroups are the scope's children that are not jobs and keep every
 	// device: Slurm parks new slurmstepds in "system" and, without systemd,
 	// moves slurmd into "slurmd" (both use NVML).
@@ -210,6 +221,14 @@ const (
 	NVMLOff      = "off"
 )
 
+// IMEXChannels values.
+const (
+	IMEXAuto         = "auto"
+	IMEXSlurm        = "slurm"
+	IMEXNone         = "none"
+	IMEXUnrestricted = "unrestricted"
+)
+
 // AdoptUnconfirmed values.
 const (
 	AdoptAuditOnly = "audit-only"
@@ -269,6 +288,7 @@ func Default() Config {
 		StateFile:            "/var/lib/gpufence/state.json",
 		RecoverFromSlurmctld: true,
 		AdoptUnconfirmed:     AdoptAuditOnly,
+		IMEXChannels:         IMEXAuto,
 		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
 		NVML:                 NVMLAuto,
 		SlurmdGPUTable:       SlurmdGPUTableAuto,
@@ -383,6 +403,18 @@ func (c Config) Validate(source string) error {
 	}
 	if c.NVSwitchMajor != 0 && c.NVSwitchMajor == c.NVLinkMajor {
 		bad("nvlink_major", "%d is the same as nvswitch_major", c.NVLinkMajor)
+	}
+	switch c.IMEXChannels {
+	case IMEXAuto, IMEXSlurm, IMEXNone, IMEXUnrestricted:
+	default:
+		bad("imex_channels", "%q is not one of auto, slurm, none, unrestricted", c.IMEXChannels)
+	}
+	if c.IMEXChannelsMajor > 4095 {
+		bad("imex_channels_major", "%d is not a valid char major", c.IMEXChannelsMajor)
+	} else if c.IMEXChannelsMajor != 0 && (c.IMEXChannelsMajor == c.NvidiaMajor || c.IMEXChannelsMajor == c.NvidiaCapsMajor) {
+		bad("imex_channels_major", "%d is the same as nvidia_major or nvidia_caps_major", c.IMEXChannelsMajor)
+	} else if c.IMEXChannelsMajor != 0 && (c.IMEXChannelsMajor == c.NVSwitchMajor || c.IMEXChannelsMajor == c.NVLinkMajor) {
+		bad("imex_channels_major", "%d is the same as nvswitch_major or nvlink_major", c.IMEXChannelsMajor)
 	}
 	for _, e := range c.ExemptCgroups {
 		if e == "" || strings.ContainsRune(e, '/') || strings.HasPrefix(e, "job_") {

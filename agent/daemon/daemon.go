@@ -160,8 +160,9 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		}
 	}
 	d.ev = events.New(events.Options{Log: log.With("component", "events"), Recorder: rec, Owners: d.reg, Table: d.table,
-		Fabric: devices.Fabric{NVSwitchMajor: cfg.NVSwitchMajor, NVLinkMajor: cfg.NVLinkMajor},
-		Users:  d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize, Resume: resume})
+		Fabric:    devices.Fabric{NVSwitchMajor: cfg.NVSwitchMajor, NVLinkMajor: cfg.NVLinkMajor},
+		IMEXMajor: cfg.IMEXChannelsMajor,
+		Users:     d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize, Resume: resume})
 	d.enf = enforcer.New(enforcer.Options{
 		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
 		NewFilter: newFilter, Registry: d.reg, Recorder: rec,
@@ -183,7 +184,8 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		d.watch = nil
 	}
 	d.h = &handler.Handler{Log: d.log, Mount: mount, Scope: cfg.Scope, Registry: d.reg, Enforcer: d.enf, Table: d.table,
-		Settings: settings, Recorder: rec, Users: d.users, Recovery: d.recovery, Watch: d.watchStep, PolicyMode: d.policyMode}
+		Settings: settings, Recorder: rec, Users: d.users, Recovery: d.recovery, Watch: d.watchStep, PolicyMode: d.policyMode,
+		IMEXMajor: cfg.IMEXChannelsMajor, IMEXFromSlurm: cfg.IMEXChannels == config.IMEXSlurm}
 	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery, Watcher: d.watch,
 		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
 
@@ -373,7 +375,8 @@ func (d *Daemon) restore() {
 		for _, s := range ss {
 			steps = append(steps, registry.Step{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs,
 				Cgroup:    devfilter.Cgroup{ID: s.CgroupID, Path: s.Cgroup},
-				AuditOnly: s.Flags&store.StepFlagAuditOnly != 0, Adopted: s.Flags&store.StepFlagAdopted != 0})
+				AuditOnly: s.Flags&store.StepFlagAuditOnly != 0, Adopted: s.Flags&store.StepFlagAdopted != 0,
+				IMEXChannels: store.IMEXChannels(s.Flags)})
 		}
 		from = "the pinned store " + d.cfg.PinDir
 	} else {
@@ -418,7 +421,7 @@ func (d *Daemon) beforeEnforce(f Filter) error {
 		if set, err := d.table.Devices(s.GPUs); err == nil {
 			p = devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
 		}
-		p.AuditOnly = s.AuditOnly
+		p.AuditOnly, p.IMEXChannels = s.AuditOnly, s.IMEXChannels
 		if err := f.Set(s.Cgroup, p); err != nil {
 			d.log.Error("restore a step's kernel entry", "job_id", s.JobID, "cgroup", s.Cgroup.Path, "err", err)
 		}

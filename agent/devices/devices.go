@@ -88,6 +88,19 @@ func CapsMajor() (major uint32, found bool, err error) {
 	return v, ok, nil
 }
 
+// IMEXMajor returns the major of the IMEX channel devices
+// (/dev/nvidia-caps-imex-channels/channelN) from /proc/devices
+// ("nvidia-caps-imex-channels"), or found=false when the driver has not
+// registered it.
+func IMEXMajor() (major uint32, found bool, err error) {
+	m, err := procMajors()
+	if err != nil {
+		return 0, false, err
+	}
+	v, ok := m["nvidia-caps-imex-channels"]
+	return v, ok, nil
+}
+
 func procMajors() (map[string]uint32, error) {
 	f, err := os.Open("/proc/devices")
 	if err != nil {

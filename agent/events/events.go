@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/devices"
+	"github.com/gpufence/gpufence/agent/imexchan"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/registry"
 	"github.com/gpufence/gpufence/agent/users"
@@ -69,7 +70,10 @@ type Options struct {
 	Table    Table
 	// Fabric names the NVSwitch and NVLink management nodes.
 	Fabric devices.Fabric
-	Users  *users.Cache
+	// IMEXMajor is the IMEX channel major the filter narrows (0: none):
+	// its accesses are named as channels.
+	IMEXMajor uint32
+	Users     *users.Cache
 	// AuditOnly tells the policy mode records carry.
 	AuditOnly func() bool
 	// QueueSize bounds the events between reader and attribution.
@@ -258,6 +262,10 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 	case devices.NVLink:
 		r.Device.Kind, r.Device.Path = audit.DeviceNVLink, path
 	}
+	if e.o.IMEXMajor != 0 && ev.Major == e.o.IMEXMajor {
+		r.Device.Kind = audit.DeviceIMEXChannel
+		r.Device.Path = fmt.Sprintf("%s/channel%d", imexchan.Dir, ev.Minor)
+	}
 	who := "a cgroup without a policy entry (no registered step)"
 	switch {
 	case known && o.Exempt != "":
@@ -277,6 +285,8 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 		if r.Device.Path != "" {
 			what = fmt.Sprintf("%s management device %s (%d:%d)", name, r.Device.Path, ev.Major, ev.Minor)
 		}
+	case r.Device.Kind == audit.DeviceIMEXChannel:
+		what = fmt.Sprintf("IMEX channel %d (%s, %d:%d)", ev.Minor, r.Device.Path, ev.Major, ev.Minor)
 	case r.GPU != nil && r.GPU.MIG != nil:
 		what = fmt.Sprintf("MIG slice GPU %d (%s)", r.GPU.Index, r.Device.Path)
 	case r.GPU != nil:

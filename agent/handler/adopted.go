@@ -59,7 +59,7 @@ func (h *Handler) retryUnconfirmed(j registry.Job) {
 			var p devfilter.Policy // Broken: no GPU
 			if nj.Broken == "" {
 				if set, err := h.Table.Devices(s.GPUs); err == nil {
-					p = devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
+					p = devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, IMEXChannels: s.IMEXChannels}
 				}
 			}
 			if err := h.Enforcer.Set(s.Cgroup, p); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/enforcer"
+	"github.com/gpufence/gpufence/agent/imexchan"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/policy"
@@ -68,6 +69,13 @@ type Handler struct {
 	Watch func(cg devfilter.Cgroup)
 	// PolicyMode is what records say the filter enforces.
 	PolicyMode func() string
+	// IMEXMajor is the IMEX channel major the filter narrows (0: none);
+	// with IMEXFromSlurm, a GPU step may open the channel Slurm's
+	// switch/nvidia_imex made for it (StepChannel), else none.
+	IMEXMajor     uint32
+	IMEXFromSlurm bool
+	// IMEX reads a process's channel; the zero value reads /proc.
+	IMEX imexchan.Reader
 
 	// verifying are the cgroups gpufence verify registered, by id.
 	verifyMu  sync.Mutex
@@ -95,6 +103,8 @@ func (h *Handler) Handle(_ context.Context, p peer.Peer, req *pb.Request) *pb.Re
 	case *pb.Request_StepEnd:
 		h.stepEnd(m.StepEnd.GetJobId(), m.StepEnd.GetStepId())
 		resp = &pb.Response{}
+	case *pb.Request_StepChannel:
+		resp, err = h.stepChannel(p, m.StepChannel)
 	case *pb.Request_JobEpilog:
 		h.JobEnded(m.JobEpilog.GetJobId(), "job ended")
 		resp = &pb.Response{}
@@ -231,19 +241,25 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	if err != nil {
 		return nil, fmt.Errorf("step %s: %v", name, err)
 	}
-	resp := &pb.Response{SlurmLocalIndices: st.LocalGPUIndices(), StepCgroup: "/" + strings.TrimPrefix(strings.TrimPrefix(loc.Step, h.Mount), "/")}
+	resp := &pb.Response{SlurmLocalIndices: st.LocalGPUIndices(), StepCgroup: "/" + strings.TrimPrefix(strings.TrimPrefix(loc.Step, h.Mount), "/"),
+		// A step without GPUs never gets a channel: IMEX shares GPU memory,
+		// and the channel it has not got is denied in the kernel.
+		ImexPending: h.IMEXMajor != 0 && h.IMEXFromSlurm && len(dec.GPUs) > 0}
 	for _, g := range dec.GPUs {
 		resp.Gpus = append(resp.Gpus, uint32(g))
 	}
+	var imex []uint32
 	prev, hadPrev := h.Registry.Step(jobID, stepID)
 	if hadPrev && prev.Cgroup.ID == cg.ID && slices.Equal(prev.GPUs, dec.GPUs) && prev.AuditOnly == auditOnly {
 		return resp, nil // a repeated request
+	} else if hadPrev && prev.Cgroup.ID == cg.ID && resp.ImexPending {
+		imex = prev.IMEXChannels // learned already, from this very cgroup
 	}
 	// The record first, then the kernel entry: a crash between them leaves
 	// a record whose entry the next start writes (beforeEnforce), never an
 	// entry the agent has no record of.
-	placeholder := h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly}, loc.Job)
-	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: auditOnly}); err != nil {
+	placeholder := h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly, IMEXChannels: imex}, loc.Job)
+	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: auditOnly, IMEXChannels: imex}); err != nil {
 		h.Registry.RemoveCgroup(cg.ID)
 		if hadPrev && prev.Cgroup.ID == cg.ID {
 			h.Registry.AddStep(prev, loc.Job) // its entry is still the kernel's
@@ -348,4 +364,67 @@ func (h *Handler) release(s registry.Step, why string) {
 		r.Cgroup, r.CgroupID, r.Reason = s.Cgroup.Path, s.Cgroup.ID, why
 		r.GPUs = append([]int{}, s.GPUs...)
 	})
+}
+
+// stepChannel learns the step's IMEX channel from the connecting process's
+// own mount namespace, where Slurm's switch/nvidia_imex made it (see
+// agent/imexchan for why no user can set it), and lets the step's cgroup
+// open it and no other. The peer must be in the step's registered cgroup
+// (slurmstepd, from task_post_fork, before any task may exec). Any doubt
+// refuses: the step then opens no channel, and its tasks do not start.
+func (h *Handler) stepChannel(p peer.Peer, m *pb.StepChannel) (*pb.Response, error) {
+	jobID, stepID := m.GetJobId(), m.GetStepId()
+	name := fmt.Sprintf("%d.%s", jobID, policy.StepName(stepID))
+	if h.IMEXMajor == 0 || !h.IMEXFromSlurm {
+		return nil, fmt.Errorf("step %s asked for its IMEX channel, but this agent does not take channels from Slurm (imex_channels)", name)
+	}
+	s, ok := h.Registry.Step(jobID, stepID)
+	if !ok {
+		return nil, fmt.Errorf("step %s asked for its IMEX channel but is not registered", name)
+	}
+	loc, err := jobcgroup.ForPID(h.Mount, p.PID, h.Scope)
+	if err != nil {
+		return nil, fmt.Errorf("step %s: cannot place the caller in Slurm's cgroup tree: %v", name, err)
+	}
+	if id, err := jobcgroup.ID(loc.Step); err != nil || id != s.Cgroup.ID {
+		return nil, fmt.Errorf("step %s: the caller is in %s, not in the step's cgroup %s", name, loc.Step, s.Cgroup.Path)
+	}
+	if len(s.GPUs) == 0 {
+		return &pb.Response{}, nil // no GPU, no channel (stepStart did not ask)
+	}
+	channels, err := h.IMEX.Read(p.PID, h.IMEXMajor)
+	if errors.Is(err, imexchan.ErrNoMount) {
+		channels, err = nil, nil // Slurm made none for this step
+	}
+	if err == nil {
+		// Read through /proc/<pid>: only slurmstepd's if it still runs.
+		err = p.Verify()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("step %s: cannot read its IMEX channel from slurmstepd: %v", name, err)
+	}
+	if len(channels) > 0 {
+		set, err := h.Table.Devices(s.GPUs)
+		if err != nil {
+			return nil, fmt.Errorf("step %s: %v", name, err)
+		}
+		if _, ok, err := h.Registry.SetIMEX(jobID, stepID, s.Cgroup.ID, channels); err != nil || !ok {
+			return nil, fmt.Errorf("step %s: cannot record its IMEX channel %v (%v)", name, channels, err)
+		}
+		if err := h.Enforcer.Set(s.Cgroup, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: s.AuditOnly, IMEXChannels: channels}); err != nil {
+			return nil, fmt.Errorf("step %s: cannot install its IMEX channel: %v", name, err)
+		}
+	}
+	resp := &pb.Response{}
+	msg := fmt.Sprintf("job %d step %s may open no IMEX channel (Slurm made none for it)", jobID, policy.StepName(stepID))
+	if len(channels) > 0 {
+		resp.ImexChannel = &channels[0]
+		msg = fmt.Sprintf("job %d step %s may open IMEX channel %d (made by Slurm in slurmstepd's namespace)", jobID, policy.StepName(stepID), channels[0])
+	}
+	h.Log.Info("step IMEX channel", "job_id", jobID, "step_id", policy.StepName(stepID), "imex_channels", fmt.Sprint(channels), "cgroup", s.Cgroup.Path)
+	h.emit(audit.EventPolicyApplied, audit.SeverityInfo, msg, func(r *audit.Record) {
+		r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(s.UID), h.Users.Name(s.UID)
+		r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, s.GPUs...), s.Cgroup.Path, s.Cgroup.ID, h.PolicyMode()
+	})
+	return resp, nil
 }

@@ -65,6 +65,9 @@ type Step struct {
 	// Adopted: the step was running when the agent adopted its job; it
 	// holds the job's whole list.
 	Adopted bool
+	// IMEXChannels is the IMEX channel the step may open (none or one), as
+	// the agent read it from slurmstepd's namespace (StepChannel).
+	IMEXChannels []uint32
 }
 
 // How an unconfirmed adopted job is handled (config adopt_unconfirmed).
@@ -198,7 +201,9 @@ func StepFlags(s Step) uint32 {
 	if s.Adopted {
 		f |= store.StepFlagAdopted
 	}
-	return f
+	// Checked before a step gets a channel (SetIMEX); never more than one.
+	imex, _ := store.IMEXFlags(s.IMEXChannels)
+	return f | imex
 }
 
 func (r *Registry) putJobLocked(j Job) {
@@ -391,6 +396,25 @@ func (r *Registry) AddStep(s Step, jobDir string) (placeholder bool) {
 	r.owners[s.Cgroup.ID] = Owner{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs}
 	r.publishLocked()
 	return placeholder
+}
+
+// SetIMEX records the IMEX channels of the step registered on cgroup id
+// (written through to the store) and returns the step; false when no such
+// step is registered, or it is another job's or step's.
+func (r *Registry) SetIMEX(jobID, stepID uint32, id uint64, channels []uint32) (Step, bool, error) {
+	if _, err := store.IMEXFlags(channels); err != nil {
+		return Step{}, false, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j, ok := r.jobs[jobID]
+	if !ok || j.steps[stepID] == nil || j.steps[stepID].Cgroup.ID != id {
+		return Step{}, false, nil
+	}
+	s := j.steps[stepID]
+	s.IMEXChannels = slices.Clone(channels)
+	r.putStepLocked(s)
+	return *s, true, nil
 }
 
 // RemoveStep forgets a step, if registered, and returns it.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -174,6 +175,9 @@ type Settings struct {
 	ClusterName      string
 	TaskPlugin       string
 	ConstrainDevices bool
+	// SwitchType and SwitchParameters are slurm.conf's (switch/nvidia_imex
+	// gives each job an IMEX channel).
+	SwitchType, SwitchParameters string
 	// GresConf is the gres.conf beside slurm.conf.
 	GresConf string
 }
@@ -183,6 +187,27 @@ type Settings struct {
 // devices (gres_use_local_device_index in Slurm's gres.c).
 func (s Settings) LocalGPUIndices() bool {
 	return strings.Contains(s.TaskPlugin, "cgroup") && s.ConstrainDevices
+}
+
+// NvidiaIMEX reports whether Slurm gives each job an IMEX channel.
+func (s Settings) NvidiaIMEX() bool { return s.SwitchType == "switch/nvidia_imex" }
+
+// IMEXDevMajor is SwitchParameters' imex_dev_major=, the IMEX channel
+// major Slurm uses instead of /proc/devices'; 0 when not set. A value that
+// is not a char major is an error naming it.
+func (s Settings) IMEXDevMajor() (uint32, error) {
+	for _, p := range strings.Split(s.SwitchParameters, ",") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(p), "imex_dev_major=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || n == 0 || n > 4095 {
+			return 0, fmt.Errorf("slurm.conf SwitchParameters imex_dev_major=%q: not a char major (1-4095)", v)
+		}
+		return uint32(n), nil
+	}
+	return 0, nil
 }
 
 // ReadSettings reads slurm.conf at path and the cgroup.conf beside it (a
@@ -203,6 +228,12 @@ func readSettings(fsys fileSystem, path string) (Settings, error) {
 		}
 		if v, ok := l.Get("ClusterName"); ok {
 			s.ClusterName = v
+		}
+		if v, ok := l.Get("SwitchType"); ok {
+			s.SwitchType = v
+		}
+		if v, ok := l.Get("SwitchParameters"); ok {
+			s.SwitchParameters = v
 		}
 	}
 	cg := filepath.Join(filepath.Dir(path), "cgroup.conf")

@@ -292,3 +292,40 @@ func TestReadGresGPUsMIG(t *testing.T) {
 		})
 	}
 }
+
+func TestIMEXSettings(t *testing.T) {
+	for _, tt := range []struct {
+		conf  string
+		imex  bool
+		major uint32
+		err   string
+	}{
+		{"SwitchType=switch/nvidia_imex\n", true, 0, ""},
+		{"SwitchType=switch/nvidia_imex\nSwitchParameters=imex_dev_major=230\n", true, 230, ""},
+		{"switchtype=switch/nvidia_imex\nswitchparameters=imex_channel_count=64,imex_dev_major=231\n", true, 231, ""},
+		{"SwitchType=switch/hpe_slingshot\n", false, 0, ""},
+		{"ClusterName=c\n", false, 0, ""},
+		{"SwitchParameters=imex_dev_major=x\n", false, 0, "not a char major"},
+		{"SwitchParameters=imex_dev_major=0\n", false, 0, "not a char major"},
+		{"SwitchParameters=imex_dev_major=4096\n", false, 0, "not a char major"},
+	} {
+		p := write(t, t.TempDir(), "slurm.conf", tt.conf)
+		s, err := ReadSettings(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.NvidiaIMEX() != tt.imex {
+			t.Errorf("%q: NvidiaIMEX = %v", tt.conf, s.NvidiaIMEX())
+		}
+		m, err := s.IMEXDevMajor()
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%q: err %v, want %q", tt.conf, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || m != tt.major {
+			t.Errorf("%q: IMEXDevMajor = %d, %v; want %d", tt.conf, m, err, tt.major)
+		}
+	}
+}

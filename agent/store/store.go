@@ -61,7 +61,35 @@ const (
 	StepFlagAuditOnly uint32 = 1 << 0
 	// StepFlagAdopted: the step was running when its job was adopted.
 	StepFlagAdopted uint32 = 1 << 1
+	// StepFlagIMEXChannel: the step may open the IMEX channel in the flags'
+	// top 20 bits (IMEXFlags), which were zero before: older records read
+	// as no channel.
+	StepFlagIMEXChannel uint32 = 1 << 2
 )
+
+// imexShift is where a step's IMEX channel (a 20-bit minor) sits in its
+// flags.
+const imexShift = 12
+
+// IMEXFlags are the step flags that record channels (none or one minor,
+// below 1<<20; more or larger is an error).
+func IMEXFlags(channels []uint32) (uint32, error) {
+	switch {
+	case len(channels) == 0:
+		return 0, nil
+	case len(channels) > 1 || channels[0] >= 1<<(32-imexShift):
+		return 0, fmt.Errorf("IMEX channels %v: the store holds one below %d", channels, 1<<(32-imexShift))
+	}
+	return StepFlagIMEXChannel | channels[0]<<imexShift, nil
+}
+
+// IMEXChannels are the channels step flags record.
+func IMEXChannels(flags uint32) []uint32 {
+	if flags&StepFlagIMEXChannel == 0 {
+		return nil
+	}
+	return []uint32{flags >> imexShift}
+}
 
 // Job is one job's record.
 type Job struct {

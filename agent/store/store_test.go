@@ -174,3 +174,27 @@ func TestPrivilegedStoreReplacesOtherLayout(t *testing.T) {
 	}
 	Unpin(dir)
 }
+
+func TestIMEXFlags(t *testing.T) {
+	for _, ch := range [][]uint32{nil, {0}, {1}, {2047}, {1<<20 - 1}} {
+		f, err := IMEXFlags(ch)
+		if err != nil {
+			t.Fatalf("%v: %v", ch, err)
+		}
+		// The lower flags stay free for the others.
+		if f&(StepFlagAuditOnly|StepFlagAdopted) != 0 {
+			t.Errorf("%v: flags %#x touch the other step flags", ch, f)
+		}
+		if got := IMEXChannels(f | StepFlagAdopted); !slices.Equal(got, ch) {
+			t.Errorf("%v: decoded %v", ch, got)
+		}
+	}
+	if IMEXChannels(StepFlagAuditOnly|StepFlagAdopted) != nil {
+		t.Error("an older record without the flag decoded a channel")
+	}
+	for _, ch := range [][]uint32{{1 << 20}, {1, 2}} {
+		if _, err := IMEXFlags(ch); err == nil {
+			t.Errorf("%v: no error", ch)
+		}
+	}
+}

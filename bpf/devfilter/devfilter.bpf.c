@@ -4,12 +4,13 @@
 //
 // gpufence device filter: a BPF_PROG_TYPE_CGROUP_DEVICE program that narrows
 // access to GPU-class devices (char devices of the NVIDIA major, minors 0..253,
-// and of the nvidia-caps major, whose minors grant MIG instances) by the Slurm
-// job a task runs in, and denies the NVSwitch and NVLink management nodes
-// (the nvidia-nvswitch and nvidia-nvlink majors, every minor: only the fabric
-// manager uses them) to everything but allow-all entries. Every other device
-// is allowed, always, so the filter never fights systemd, Slurm or a
-// container runtime.
+// access to GPU-class devices (char devices of the NVIDIA major, minors 0..253,
+// of the nvidia-caps major, whose minors grant MIG instances, and of the IMEX
+// channel major, one channel per policy) by the Slurm job a task runs in, and
+// denies the NVSwitch and NVLink management nodes (the nvidia-nvswitch and
+// nvidia-nvlink majors, every minor: only the fabric manager uses them) to
+// everything but allow-all entries. Every other device is allowed, always, so
+// the filter never fights systemd, Slurm or a container runtime.
 //
 // Two programs share one decision function; the loader loads only one:
 //
@@ -74,6 +75,8 @@ enum device_class {
 	CLASS_CAPS = 2,
 	// NVSwitch and NVLink management nodes: no policy grants them.
 	CLASS_FABRIC = 3,
+	// IMEX channels: a policy grants at most one.
+	CLASS_IMEX = 4,
 };
 
 enum decision {
@@ -110,6 +113,13 @@ struct filter_config {
 	// the end: the config map of an older program is replaced, not adopted.
 	__u32 nvswitch_major;
 	__u32 nvlink_major;
+	// Char major of /dev/nvidia-caps-imex-channels/channel*
+	// ("nvidia-caps-imex-channels" in /proc/devices, or Slurm's
+	// imex_dev_major); 0: not narrowed. Added after the management majors
+	// (the 40-byte layout), so that a config map of each older layout is a
+	// prefix of this one; it too is replaced on upgrade, not adopted.
+	__u32 imex_major;
+	__u32 _pad;
 };
 
 struct policy {
@@ -117,7 +127,9 @@ struct policy {
 	// way to know it, since it cannot ask the kernel.
 	__u64 cgroup_id;
 	__u32 flags;
-	__u32 _pad;
+	// The one IMEX channel the cgroup may open, plus one (0: none). It took
+	// the place of padding: an older entry reads as no channel.
+	__u32 imex_channel;
 	// Allowed minors of the NVIDIA major, bit n of minors[n/64].
 	__u64 minors[4];
 	// Allowed minors of the nvidia-caps major, bit n of caps[n/64]. Added
@@ -275,16 +287,34 @@ static __always_inline int classify(const struct bpf_cgroup_dev_ctx *ctx,
 		return CLASS_FABRIC;
 	if (cfg->nvlink_major && ctx->major == cfg->nvlink_major)
 		return CLASS_FABRIC;
+	if (cfg->imex_major && ctx->major == cfg->imex_major)
+		return CLASS_IMEX;
 	return CLASS_OTHER;
 }
 
+// imex_allowed decides an access of an IMEX channel (minor = channel id):
+// only the policy's own channel opens. Creating a node (mknod alone) is
+// allowed: slurmstepd makes the job's channel node in the step's cgroup
+// before the agent has learned which channel it is, and only root (real
+// CAP_MKNOD) can make device nodes at all; a node grants nothing until it
+// is opened, which this decides.
+static __always_inline int imex_allowed(const struct policy *p, __u32 minor,
+					__u32 access_type)
+{
+	if ((access_type >> 16) == BPF_DEVCG_ACC_MKNOD)
+		return 1;
+	return p->imex_channel && p->imex_channel - 1 == minor;
+}
+
 static __always_inline int allowed(const struct policy *p, int class,
-				   __u32 minor)
+				   __u32 minor, __u32 access_type)
 {
 	if (!p)
 		return 0;
 	if (p->flags & POLICY_ALLOW_ALL)
 		return 1;
+	if (class == CLASS_IMEX)
+		return imex_allowed(p, minor, access_type);
 	if (class == CLASS_GPU) {
 		if (minor > GPU_MINOR_MAX)
 			return 0;
@@ -457,7 +487,7 @@ static __always_inline int decide(const struct bpf_cgroup_dev_ctx *ctx,
 	int first_only = 0;
 	__u8 decision;
 
-	if (allowed(p, class, ctx->minor)) {
+	if (allowed(p, class, ctx->minor, ctx->access_type)) {
 		if (cfg->audit_allowed == AUDIT_ALLOWED_FIRST)
 			first_only = 1;
 		else if (cfg->audit_allowed != AUDIT_ALLOWED_ALL)

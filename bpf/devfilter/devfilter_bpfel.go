@@ -69,15 +69,17 @@ type devfilterFilterConfig struct {
 	CapsMajor     uint32
 	NvswitchMajor uint32
 	NvlinkMajor   uint32
+	ImexMajor     uint32
+	Pad           uint32
 }
 
 type devfilterPolicy struct {
-	_        structs.HostLayout
-	CgroupId uint64
-	Flags    uint32
-	Pad      uint32
-	Minors   [4]uint64
-	Caps     [68]uint64
+	_           structs.HostLayout
+	CgroupId    uint64
+	Flags       uint32
+	ImexChannel uint32
+	Minors      [4]uint64
+	Caps        [68]uint64
 }
 
 type devfilterRateKey struct {

@@ -223,10 +223,12 @@ func New(opts Options) (_ *Filter, err error) {
 		RateWindowNs: uint64(opts.RateWindow),
 		RateBurst:    opts.RateBurst,
 		CapsMajor:    opts.CapsMajor,
-		// The fabric majors are the last words of the config: a pinned
-		// config map of an older program is shorter and was replaced.
+		// The fabric and IMEX majors are the last words of the config: a
+		// pinned config map of an older program is shorter and was
+		// replaced.
 		NvswitchMajor: opts.NVSwitchMajor,
 		NvlinkMajor:   opts.NVLinkMajor,
+		ImexMajor:     opts.IMEXMajor,
 	}
 	// An adopted config map is read by the running program; it keeps its
 	// layout (else it is not adopted: the new program gets a new one), and
@@ -287,7 +289,7 @@ func New(opts Options) (_ *Filter, err error) {
 	f.log.Info("device filter loaded", "mode", string(f.mode), "scope", opts.ScopeDir,
 		"pin_dir", opts.PinDir, "adopted", f.adopted, "adopted_links", len(f.attached),
 		"scope_level", level, "nvidia_major", opts.NvidiaMajor, "caps_major", opts.CapsMajor,
-		"nvswitch_major", opts.NVSwitchMajor, "nvlink_major", opts.NVLinkMajor, "audit_only", opts.AuditOnly,
+		"nvswitch_major", opts.NVSwitchMajor, "nvlink_major", opts.NVLinkMajor, "imex_major", opts.IMEXMajor, "audit_only", opts.AuditOnly,
 		"audit_allowed", string(opts.AuditAllowed), "rate_window", opts.RateWindow, "rate_burst", opts.RateBurst)
 	return f, nil
 }
@@ -370,11 +372,15 @@ func encodePolicy(cg Cgroup, p Policy) (devfilterPolicy, error) {
 	if err != nil {
 		return devfilterPolicy{}, err
 	}
-	return devfilterPolicy{CgroupId: cg.ID, Flags: p.flags(), Minors: gpus, Caps: caps}, nil
+	imex, err := p.imexWord()
+	if err != nil {
+		return devfilterPolicy{}, err
+	}
+	return devfilterPolicy{CgroupId: cg.ID, Flags: p.flags(), ImexChannel: imex, Minors: gpus, Caps: caps}, nil
 }
 
 func decodePolicy(v devfilterPolicy) Policy {
-	return policyFromBitmaps(v.Flags, v.Minors[:], v.Caps[:])
+	return policyFromBitmaps(v.Flags, v.Minors[:], v.Caps[:], v.ImexChannel)
 }
 
 func storageKey(id uint64) devfilterBpfCgroupStorageKey {
@@ -738,16 +744,22 @@ func (f *Filter) closeObjects() error {
 // putConfig writes cfg into the config map. A map of an older, shorter
 // layout (only a program of that layout reads it: tests that play an older
 // agent) gets the fields it has, and refuses a value whose dropped tail is
-// not zero: a setting that program cannot apply.
+// not zero: a setting that program cannot apply. A map of any other size
+// is refused, never written misaligned.
 func putConfig(m *ebpf.Map, cfg devfilterFilterConfig) error {
 	var buf bytes.Buffer
 	if err := binary.Write(&buf, binary.NativeEndian, &cfg); err != nil {
 		return err
 	}
 	raw := buf.Bytes()
-	if n := int(m.ValueSize()); n < len(raw) {
+	n := int(m.ValueSize())
+	if !slices.Contains(configLayoutSizes, n) {
+		return fmt.Errorf("config map of %d bytes: not a layout of %v bytes", n, configLayoutSizes)
+	}
+	if n < len(raw) {
 		if slices.ContainsFunc(raw[n:], func(b byte) bool { return b != 0 }) {
-			return fmt.Errorf("config map of %d bytes (an older layout) cannot hold the NVSwitch and NVLink majors", n)
+			return fmt.Errorf("config map of %d bytes (an older layout) cannot hold the options set past them (NVSwitch major %d, NVLink major %d, IMEX major %d)",
+				n, cfg.NvswitchMajor, cfg.NvlinkMajor, cfg.ImexMajor)
 		}
 		raw = raw[:n]
 	}

@@ -56,10 +56,13 @@ type PinnedConfig struct {
 	// NVSwitchMajor and NVLinkMajor are the management majors the program
 	// denies to job steps; 0: none (or a program older than these fields).
 	NVSwitchMajor, NVLinkMajor uint32
-	AuditOnly                  bool
-	AuditAllowed               AuditAllowed
-	RateWindow                 time.Duration
-	RateBurst                  uint32
+	// IMEXMajor is the IMEX channel major the program narrows; 0: none (or
+	// a program older than this field).
+	IMEXMajor    uint32
+	AuditOnly    bool
+	AuditAllowed AuditAllowed
+	RateWindow   time.Duration
+	RateBurst    uint32
 }
 
 // PinnedLink describes a pinned bpf_link, like `bpftool link show`.
@@ -137,7 +140,7 @@ func InspectPins(dir string) (*PinnedView, error) {
 		} else {
 			v.Config = &PinnedConfig{NvidiaMajor: c.NvidiaMajor, CapsMajor: c.CapsMajor, AuditOnly: c.AuditOnly != 0,
 				RateWindow: time.Duration(c.RateWindowNs), RateBurst: c.RateBurst,
-				NVSwitchMajor: c.NvswitchMajor, NVLinkMajor: c.NvlinkMajor}
+				NVSwitchMajor: c.NvswitchMajor, NVLinkMajor: c.NvlinkMajor, IMEXMajor: c.ImexMajor}
 			for name, code := range auditAllowedCodes {
 				if uint32(code) == c.AuditAllowed {
 					v.Config.AuditAllowed = name
@@ -281,17 +284,27 @@ func CgroupExists(id uint64) (bool, error) {
 	return true, nil
 }
 
-// configLayout1Size is the size of struct filter_config before the fabric
-// majors were added at its end; an agent of that layout may have pinned it.
-const configLayout1Size = 32
+// The sizes of struct filter_config an agent may have pinned, oldest
+// first; each is a prefix of the next, which only appends fields whose zero
+// narrows nothing. configLayout1Size: before the fabric majors (program
+// layouts 1 and 2 of testdata/); configLayout2Size: before the IMEX major
+// (program layout 3). A config map of another size is not read.
+const (
+	configLayout1Size = 32
+	configLayout2Size = 40
+)
 
-// readConfig reads the config map of this layout or of the older, shorter
-// one, zero-extended (no fabric major narrowed).
+// configLayoutSizes lists every config size putConfig and readConfig
+// accept: the older layouts and this one.
+var configLayoutSizes = []int{configLayout1Size, configLayout2Size, binary.Size(devfilterFilterConfig{})}
+
+// readConfig reads the config map of this layout or of an older, shorter
+// one, zero-extended (no fabric or IMEX major narrowed).
 func readConfig(m *ebpf.Map) (devfilterFilterConfig, error) {
 	var c devfilterFilterConfig
-	size := int(binary.Size(c))
-	if m.ValueSize() < configLayout1Size || int(m.ValueSize()) > size {
-		return c, fmt.Errorf("config value of %d bytes: not a layout of %d to %d bytes", m.ValueSize(), configLayout1Size, size)
+	size := binary.Size(c)
+	if !slices.Contains(configLayoutSizes, int(m.ValueSize())) {
+		return c, fmt.Errorf("config value of %d bytes: not a layout of %v bytes", m.ValueSize(), configLayoutSizes)
 	}
 	raw := make([]byte, m.ValueSize())
 	if err := m.Lookup(uint32(0), raw); err != nil {

@@ -338,7 +338,9 @@ func (f *Filter) pinMaps(dir string, prev *pinned, reused map[string]*ebpf.Map, 
 			continue
 		}
 		m := f.mapByName(n)
-		if prev != nil && prev.maps[n] != nil {
+		// A config map of another layout is not carried over: New wrote
+		// the new one whole.
+		if prev != nil && prev.maps[n] != nil && n != "config" {
 			if err := copyEntries(prev.maps[n], m, policyMaps[n]); err != nil {
 				f.log.Warn("device filter map entries not carried over", "map", n, "error", err)
 			}

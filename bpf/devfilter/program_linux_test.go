@@ -149,13 +149,25 @@ func TestGeneratedLayout(t *testing.T) {
 		t.Errorf("caps bitmap at offset %d, want %d (after the first layout)", off, policyLayout1Size)
 	}
 	// caps_major took the place of padding; the management majors came
-	// after the end of that layout, whose config map an upgrade replaces
-	// (readConfig zero-extends it for gpufence status).
-	if got := unsafe.Sizeof(devfilterFilterConfig{}); got != 40 {
-		t.Errorf("filter config is %d bytes, want 40", got)
+	// after the end of that layout, and the IMEX major (with one padding
+	// word) after those: each older config map is a prefix, which an
+	// upgrade replaces (readConfig zero-extends it for gpufence status).
+	if got := unsafe.Sizeof(devfilterFilterConfig{}); got != 48 {
+		t.Errorf("filter config is %d bytes, want 48", got)
 	}
 	if off := unsafe.Offsetof(devfilterFilterConfig{}.NvswitchMajor); off != configLayout1Size {
-		t.Errorf("nvswitch_major at offset %d, want %d (after the older layout)", off, configLayout1Size)
+		t.Errorf("nvswitch_major at offset %d, want %d (after the first config layout)", off, configLayout1Size)
+	}
+	if off := unsafe.Offsetof(devfilterFilterConfig{}.ImexMajor); off != configLayout2Size {
+		t.Errorf("imex_major at offset %d, want %d (after the second config layout)", off, configLayout2Size)
+	}
+	if got := configLayoutSizes[len(configLayoutSizes)-1]; got != int(unsafe.Sizeof(devfilterFilterConfig{})) {
+		t.Errorf("newest accepted config layout is %d bytes, want this one's %d", got, unsafe.Sizeof(devfilterFilterConfig{}))
+	}
+	// imex_channel took the place of the policy's padding: an older entry
+	// reads as no channel, and the policy keeps its size.
+	if off := unsafe.Offsetof(devfilterPolicy{}.ImexChannel); off != 12 {
+		t.Errorf("imex_channel at offset %d, want 12 (the old padding)", off)
 	}
 	if got := unsafe.Sizeof(devfilterBpfCgroupStorageKey{}); got != 16 {
 		t.Errorf("cgroup storage key is %d bytes, want 16 (struct bpf_cgroup_storage_key)", got)

@@ -85,6 +85,11 @@ type Options struct {
 	// allow-all policies (Slurm's own cgroups). 0 leaves that major alone:
 	// the driver has none, or the caller allows these nodes.
 	NVSwitchMajor, NVLinkMajor uint32
+	// IMEXMajor is the char major of the IMEX channel nodes
+	// (/dev/nvidia-caps-imex-channels/channelN, dynamic:
+	// "nvidia-caps-imex-channels" in /proc/devices); the minor is the
+	// channel id. 0 leaves that major unnarrowed.
+	IMEXMajor uint32
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
 	// BeforeAttach, when set, is called with the loaded, configured and
@@ -164,7 +169,7 @@ func (o Options) validate() (Options, error) {
 	for _, m := range []struct {
 		name  string
 		major uint32
-	}{{"NVSwitchMajor", o.NVSwitchMajor}, {"NVLinkMajor", o.NVLinkMajor}} {
+	}{{"NVSwitchMajor", o.NVSwitchMajor}, {"NVLinkMajor", o.NVLinkMajor}, {"IMEXMajor", o.IMEXMajor}} {
 		switch {
 		case m.major == 0:
 		case m.major > maxMajor:
@@ -177,6 +182,9 @@ func (o Options) validate() (Options, error) {
 	}
 	if o.NVSwitchMajor != 0 && o.NVSwitchMajor == o.NVLinkMajor {
 		return o, fmt.Errorf("devfilter options: NVLinkMajor %d: the same as NVSwitchMajor", o.NVLinkMajor)
+	}
+	if o.IMEXMajor != 0 && (o.IMEXMajor == o.NVSwitchMajor || o.IMEXMajor == o.NVLinkMajor) {
+		return o, fmt.Errorf("devfilter options: IMEXMajor %d: the same as NVSwitchMajor or NVLinkMajor", o.IMEXMajor)
 	}
 	switch o.AuditAllowed {
 	case "":
@@ -222,7 +230,15 @@ type Policy struct {
 	// instance access), FirstCapsAccessMinor..MaxCapsMinor; sorted when
 	// returned.
 	CapsMinors []uint32
+	// IMEXChannels are the IMEX channels (minors of the IMEX major) the
+	// cgroup may open: none or one, as Slurm gives a job one channel per
+	// node. Creating a channel node is always allowed (only root can).
+	IMEXChannels []uint32
 }
+
+// MaxIMEXChannel is the highest IMEX channel a policy can grant: the
+// largest minor a dev_t holds.
+const MaxIMEXChannel = 1<<20 - 1
 
 const (
 	policyAllowAll  = 1 << 0
@@ -260,8 +276,26 @@ func (p Policy) flags() uint32 {
 	return f
 }
 
-func policyFromBitmaps(flags uint32, gpus []uint64, caps []uint64) Policy {
-	return Policy{AllowAll: flags&policyAllowAll != 0, AuditOnly: flags&policyAuditOnly != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
+// imexWord encodes the policy's IMEX channel as the program reads it: the
+// channel plus one, 0 for none.
+func (p Policy) imexWord() (uint32, error) {
+	switch {
+	case len(p.IMEXChannels) == 0:
+		return 0, nil
+	case len(p.IMEXChannels) > 1:
+		return 0, fmt.Errorf("IMEX channels %v: a policy holds at most one", p.IMEXChannels)
+	case p.IMEXChannels[0] > MaxIMEXChannel:
+		return 0, fmt.Errorf("IMEX channel %d: larger than %d", p.IMEXChannels[0], MaxIMEXChannel)
+	}
+	return p.IMEXChannels[0] + 1, nil
+}
+
+func policyFromBitmaps(flags uint32, gpus []uint64, caps []uint64, imex uint32) Policy {
+	p := Policy{AllowAll: flags&policyAllowAll != 0, AuditOnly: flags&policyAuditOnly != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
+	if imex != 0 {
+		p.IMEXChannels = []uint32{imex - 1}
+	}
+	return p
 }
 
 func bitsOf(words []uint64) []uint32 {

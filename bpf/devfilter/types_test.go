@@ -54,7 +54,7 @@ func TestPolicyBitmap(t *testing.T) {
 			if got != tt.want || gotCaps != tt.wantCaps {
 				t.Fatalf("bitmaps() = %#x, caps %#x; want %#x, caps %#x", got, gotCaps, tt.want, tt.wantCaps)
 			}
-			back := policyFromBitmaps(tt.policy.flags(), got[:], gotCaps[:])
+			back := policyFromBitmaps(tt.policy.flags(), got[:], gotCaps[:], 0)
 			wantMinors := slices.Compact(slices.Sorted(slices.Values(tt.policy.GPUMinors)))
 			wantCapsMinors := slices.Compact(slices.Sorted(slices.Values(tt.policy.CapsMinors)))
 			if !slices.Equal(back.GPUMinors, wantMinors) || !slices.Equal(back.CapsMinors, wantCapsMinors) || back.AllowAll != tt.policy.AllowAll {
@@ -70,7 +70,7 @@ func TestPolicyAllowAllFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	back := policyFromBitmaps(p.flags(), b[:], c[:])
+	back := policyFromBitmaps(p.flags(), b[:], c[:], 0)
 	if !back.AllowAll || !slices.Equal(back.GPUMinors, []uint32{2}) {
 		t.Fatalf("round trip = %+v, want AllowAll with minor 2", back)
 	}
@@ -148,6 +148,11 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "nvswitch major is the NVIDIA major", opts: Options{ScopeDir: "/a", NVSwitchMajor: 195}, wantErr: "NVSwitchMajor 195: the same as NvidiaMajor"},
 		{name: "nvlink major is the caps major", opts: Options{ScopeDir: "/a", CapsMajor: 237, NVLinkMajor: 237}, wantErr: "NVLinkMajor 237: the same as CapsMajor"},
 		{name: "nvlink major is the nvswitch major", opts: Options{ScopeDir: "/a", NVSwitchMajor: 236, NVLinkMajor: 236}, wantErr: "NVLinkMajor 236: the same as NVSwitchMajor"},
+		{name: "imex major", opts: Options{ScopeDir: "/a", CapsMajor: 237, NVSwitchMajor: 236, NVLinkMajor: 235, IMEXMajor: 234}, wantMajor: 195},
+		{name: "imex major too large", opts: Options{ScopeDir: "/a", IMEXMajor: 4096}, wantErr: "IMEXMajor 4096: larger than 4095"},
+		{name: "imex major is the caps major", opts: Options{ScopeDir: "/a", CapsMajor: 237, IMEXMajor: 237}, wantErr: "IMEXMajor 237: the same as CapsMajor"},
+		{name: "imex major is the nvswitch major", opts: Options{ScopeDir: "/a", NVSwitchMajor: 236, IMEXMajor: 236}, wantErr: "IMEXMajor 236: the same as NVSwitchMajor or NVLinkMajor"},
+		{name: "imex major is the nvlink major", opts: Options{ScopeDir: "/a", NVLinkMajor: 235, IMEXMajor: 235}, wantErr: "IMEXMajor 235: the same as NVSwitchMajor or NVLinkMajor"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

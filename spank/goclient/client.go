@@ -34,6 +34,9 @@ type stepResult struct {
 	// StepCgroup is the step's cgroup as /proc/<pid>/cgroup names it; the
 	// plugin checks each task is inside it before the task may exec.
 	StepCgroup string
+	// IMEXPending: the plugin must ask for the step's IMEX channel
+	// (stepChannel) before any task may exec.
+	IMEXPending bool
 }
 
 func jobProlog(socket string, timeout time.Duration, jobID, uid uint32, jobGPUs *string) error {
@@ -62,7 +65,17 @@ func stepStart(socket string, timeout time.Duration, jobID, stepID, uid uint32, 
 	// whatever the agent sent.
 	gpus := slices.Clone(resp.gpus)
 	slices.Sort(gpus)
-	return stepResult{GPUs: slices.Compact(gpus), SlurmLocalIndices: resp.slurmLocal, StepCgroup: resp.stepCgroup}, nil
+	return stepResult{GPUs: slices.Compact(gpus), SlurmLocalIndices: resp.slurmLocal, StepCgroup: resp.stepCgroup, IMEXPending: resp.imexPending}, nil
+}
+
+// stepChannel asks the agent to learn the step's IMEX channel from the
+// caller's own mount namespace; nil: the step has none.
+func stepChannel(socket string, timeout time.Duration, jobID, stepID uint32) (*uint32, error) {
+	resp, err := call(socket, timeout, stepChannelMsg(jobID, stepID))
+	if err != nil {
+		return nil, err
+	}
+	return resp.imexChannel, nil
 }
 
 func stepEnd(socket string, timeout time.Duration, jobID, stepID uint32) error {

@@ -55,6 +55,13 @@ func TestRequests(t *testing.T) {
 		want: &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{JobId: 7, StepId: 3, Uid: 2001,
 			StepGpus: ptr("1"), TaskPids: []uint32{4242}}}},
 	}, {
+		name: "step channel from post_fork",
+		call: func() error {
+			_, err := stepChannel(a.Socket, timeout, 7, 3)
+			return err
+		},
+		want: &pb.Request{Msg: &pb.Request_StepChannel{StepChannel: &pb.StepChannel{JobId: 7, StepId: 3}}},
+	}, {
 		name: "step end",
 		call: func() error { return stepEnd(a.Socket, timeout, 7, 3) },
 		want: &pb.Request{Msg: &pb.Request_StepEnd{StepEnd: &pb.StepEnd{JobId: 7, StepId: 3}}},
@@ -169,4 +176,21 @@ func TestPutText(t *testing.T) {
 		}
 	}
 	putText(nil, "nothing") // no room, no write, no panic
+}
+
+func TestStepChannelResult(t *testing.T) {
+	ch := uint32(5)
+	a := fakeagent.Start(t, ok(&pb.Response{ImexChannel: &ch}))
+	got, err := stepChannel(a.Socket, 5*time.Second, 1, 0)
+	if err != nil || got == nil || *got != 5 {
+		t.Fatalf("stepChannel = %v, %v; want channel 5", got, err)
+	}
+	b := fakeagent.Start(t, ok(&pb.Response{}))
+	if got, err := stepChannel(b.Socket, 5*time.Second, 1, 0); err != nil || got != nil {
+		t.Fatalf("stepChannel without a channel = %v, %v; want none", got, err)
+	}
+	c := fakeagent.Start(t, ok(&pb.Response{ImexPending: true}))
+	if res, err := stepStart(c.Socket, 5*time.Second, 1, 0, 2001, nil, nil); err != nil || !res.IMEXPending {
+		t.Fatalf("stepStart = %+v, %v; want IMEXPending", res, err)
+	}
 }

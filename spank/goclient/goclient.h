@@ -18,7 +18,7 @@
 
 /* Bumped whenever a type below changes; the C side refuses a library that
  * reports another value. */
-#define GPUFENCE_GO_ABI 3
+#define GPUFENCE_GO_ABI 4
 
 /* Return codes. */
 #define GPUFENCE_OK 0
@@ -54,7 +54,8 @@ typedef int (*gpufence_job_epilog_fn)(char *socket, int timeout_ms,
  * pids/npids: the task pids (npids may be 0). On GPUFENCE_OK, gpus[0..*ngpus)
  * holds the global GPU indices the step may open, ascending,
  * *slurm_local_indices is 1 when Slurm already numbers CUDA_VISIBLE_DEVICES
- * locally, and step_cgroup the step's cgroup as /proc/<pid>/cgroup names it
+ * locally, *imex_pending is 1 when the step must send StepChannel from
+ * task_post_fork (ABI 4), and step_cgroup the step's cgroup as /proc/<pid>/cgroup names it
  * ("" from an agent too old to say).
  */
 typedef int (*gpufence_step_start_fn)(char *socket, int timeout_ms,
@@ -62,9 +63,19 @@ typedef int (*gpufence_step_start_fn)(char *socket, int timeout_ms,
 				      uint32_t uid, char *step_gpus,
 				      int32_t *pids, int npids,
 				      uint32_t *gpus, int gpus_cap, int *ngpus,
-				      int *slurm_local_indices,
+				      int *slurm_local_indices, int *imex_pending,
 				      char *step_cgroup, int step_cgroup_len,
 				      char *err, int errlen);
+
+/*
+ * From task_post_fork, when step_start set *imex_pending: the agent reads
+ * the step's IMEX channel from the caller's own mount namespace. On
+ * GPUFENCE_OK, *has_channel is 1 and *channel the channel, or 0: none.
+ */
+typedef int (*gpufence_step_channel_fn)(char *socket, int timeout_ms,
+					uint32_t job_id, uint32_t step_id,
+					int *has_channel, uint32_t *channel,
+					char *err, int errlen);
 
 typedef int (*gpufence_step_end_fn)(char *socket, int timeout_ms,
 				    uint32_t job_id, uint32_t step_id,

@@ -54,7 +54,7 @@ func gpufence_job_epilog(socket *C.char, timeoutMS C.int, jobID C.uint32_t,
 //export gpufence_step_start
 func gpufence_step_start(socket *C.char, timeoutMS C.int, jobID, stepID, uid C.uint32_t,
 	stepGPUs *C.char, pids *C.int32_t, npids C.int,
-	gpus *C.uint32_t, gpusCap C.int, ngpus *C.int, slurmLocal *C.int,
+	gpus *C.uint32_t, gpusCap C.int, ngpus *C.int, slurmLocal *C.int, imexPending *C.int,
 	stepCgroup *C.char, stepCgroupLen C.int,
 	errBuf *C.char, errLen C.int) C.int {
 	var taskPIDs []int32
@@ -81,6 +81,12 @@ func gpufence_step_start(socket *C.char, timeoutMS C.int, jobID, stepID, uid C.u
 				*slurmLocal = 1
 			}
 		}
+		if imexPending != nil {
+			*imexPending = 0
+			if res.IMEXPending {
+				*imexPending = 1
+			}
+		}
 		if stepCgroup != nil && stepCgroupLen > 0 {
 			dst := unsafe.Slice((*byte)(unsafe.Pointer(stepCgroup)), int(stepCgroupLen))
 			if len(res.StepCgroup) >= len(dst) {
@@ -88,6 +94,19 @@ func gpufence_step_start(socket *C.char, timeoutMS C.int, jobID, stepID, uid C.u
 			} else {
 				putText(dst, res.StepCgroup)
 			}
+		}
+	}
+	return finish(err, errBuf, errLen)
+}
+
+//export gpufence_step_channel
+func gpufence_step_channel(socket *C.char, timeoutMS C.int, jobID, stepID C.uint32_t,
+	hasChannel *C.int, channel *C.uint32_t, errBuf *C.char, errLen C.int) C.int {
+	c, err := stepChannel(C.GoString(socket), millis(timeoutMS), uint32(jobID), uint32(stepID))
+	if err == nil && hasChannel != nil && channel != nil {
+		*hasChannel, *channel = 0, 0
+		if c != nil {
+			*hasChannel, *channel = 1, C.uint32_t(*c)
 		}
 	}
 	return finish(err, errBuf, errLen)

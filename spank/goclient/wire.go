@@ -21,6 +21,7 @@ const (
 	fRequestStepStart = 11
 	fRequestStepEnd   = 12
 	fRequestJobEpilog = 13
+	fRequestStepChan  = 16 // 14, 15: VerifyStart, VerifyEnd
 
 	fJobID    = 1 // JobProlog, StepStart, StepEnd, JobEpilog
 	fStepID   = 2 // StepStart, StepEnd
@@ -34,6 +35,8 @@ const (
 	fRespGPUs       = 2
 	fRespSlurmLocal = 3
 	fRespStepCgroup = 4
+	fRespIMEXPend   = 6 // 5: verify
+	fRespIMEXChan   = 7
 
 	protocolVersion1 = 1
 	// maxFrame is proto/wire's MaxFrameSize.
@@ -104,12 +107,21 @@ func stepEndMsg(jobID, stepID uint32) []byte {
 	return request(fRequestStepEnd, m)
 }
 
+func stepChannelMsg(jobID, stepID uint32) []byte {
+	var m []byte
+	m = appendVarintField(m, fJobID, uint64(jobID))
+	m = appendVarintField(m, fStepID, uint64(stepID))
+	return request(fRequestStepChan, m)
+}
+
 // response is the part of a Response the plugin uses.
 type response struct {
-	err        string
-	gpus       []uint32
-	slurmLocal bool
-	stepCgroup string
+	err         string
+	gpus        []uint32
+	slurmLocal  bool
+	stepCgroup  string
+	imexPending bool
+	imexChannel *uint32
 }
 
 var errMalformed = errors.New("malformed answer")
@@ -162,6 +174,19 @@ func parseResponse(b []byte) (response, error) {
 				return r, errMalformed
 			}
 			r.slurmLocal, b = v != 0, b[n:]
+		case num == fRespIMEXPend && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return r, errMalformed
+			}
+			r.imexPending, b = v != 0, b[n:]
+		case num == fRespIMEXChan && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 || v > 1<<32-1 {
+				return r, errMalformed
+			}
+			c := uint32(v)
+			r.imexChannel, b = &c, b[n:]
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {

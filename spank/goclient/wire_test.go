@@ -25,6 +25,7 @@ func TestWireMatchesGenerated(t *testing.T) {
 		{jobPrologMsg(9, 1, nil), &pb.Request{Msg: &pb.Request_JobProlog{JobProlog: &pb.JobProlog{JobId: 9, Uid: 1}}}},
 		{stepStartMsg(7, 0xfffffffb, 2001, nil, nil), &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{JobId: 7, StepId: 0xfffffffb, Uid: 2001}}}},
 		{stepStartMsg(7, 3, 2001, &s, []uint32{4242, 1}), &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{JobId: 7, StepId: 3, Uid: 2001, StepGpus: &s, TaskPids: []uint32{4242, 1}}}}},
+		{stepChannelMsg(7, 3), &pb.Request{Msg: &pb.Request_StepChannel{StepChannel: &pb.StepChannel{JobId: 7, StepId: 3}}}},
 		{stepEndMsg(7, 0), &pb.Request{Msg: &pb.Request_StepEnd{StepEnd: &pb.StepEnd{JobId: 7}}}},
 		{jobEpilogMsg(4294967295), &pb.Request{Msg: &pb.Request_JobEpilog{JobEpilog: &pb.JobEpilog{JobId: 4294967295}}}},
 	}
@@ -39,8 +40,10 @@ func TestWireMatchesGenerated(t *testing.T) {
 			t.Errorf("decoded %v, want %v", &got, tt.want)
 		}
 	}
+	zero, high := uint32(0), uint32(2047)
 	for _, want := range []*pb.Response{
 		{}, {Error: "no"}, {Gpus: []uint32{3, 1, 4294967295}, SlurmLocalIndices: true, StepCgroup: "/system.slice/x_slurmstepd.scope/job_7/step_0"},
+		{ImexPending: true}, {ImexChannel: &zero}, {ImexChannel: &high},
 		// gpufence verify's answer: a field the plugin never asks for, skipped.
 		{Gpus: []uint32{2}, Verify: &pb.VerifyInfo{Mode: "scope", CgroupId: 9, Gpus: []*pb.VerifyGPU{{Index: 0, Files: []string{"/dev/nvidia0"}}}}},
 	} {
@@ -49,7 +52,8 @@ func TestWireMatchesGenerated(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, err := parseResponse(b)
-		if err != nil || got.err != want.Error || !slices.Equal(got.gpus, want.Gpus) || got.slurmLocal != want.SlurmLocalIndices || got.stepCgroup != want.StepCgroup {
+		if err != nil || got.err != want.Error || !slices.Equal(got.gpus, want.Gpus) || got.slurmLocal != want.SlurmLocalIndices || got.stepCgroup != want.StepCgroup ||
+			got.imexPending != want.ImexPending || (got.imexChannel == nil) != (want.ImexChannel == nil) || (got.imexChannel != nil && *got.imexChannel != *want.ImexChannel) {
 			t.Errorf("parseResponse(%v) = %+v, %v", want, got, err)
 		}
 	}

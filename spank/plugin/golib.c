@@ -35,6 +35,7 @@ static struct {
 	gpufence_job_epilog_fn job_epilog;
 	gpufence_step_start_fn step_start;
 	gpufence_step_end_fn step_end;
+	gpufence_step_channel_fn step_channel;
 	gpufence_spool_failopen_fn spool_failopen;
 } go;
 
@@ -56,10 +57,11 @@ static int load(const char *path, char *err, size_t errlen)
 	go.job_epilog = (gpufence_job_epilog_fn)dlsym(h, "gpufence_job_epilog");
 	go.step_start = (gpufence_step_start_fn)dlsym(h, "gpufence_step_start");
 	go.step_end = (gpufence_step_end_fn)dlsym(h, "gpufence_step_end");
+	go.step_channel = (gpufence_step_channel_fn)dlsym(h, "gpufence_step_channel");
 	go.spool_failopen = (gpufence_spool_failopen_fn)dlsym(
 		h, "gpufence_spool_failopen");
 	if (!abi || !go.job_prolog || !go.job_epilog || !go.step_start ||
-	    !go.step_end || !go.spool_failopen) {
+	    !go.step_end || !go.step_channel || !go.spool_failopen) {
 		snprintf(err, errlen, "%.400s: not a gpufence client library", path);
 		return GF_E_LOAD;
 	}
@@ -75,7 +77,7 @@ static int load(const char *path, char *err, size_t errlen)
 /* The Go side takes char *; it never writes through these. */
 #define MUT(s) ((char *)(s))
 
-enum call_kind { CALL_PROLOG, CALL_EPILOG, CALL_STEP_START, CALL_STEP_END, CALL_SPOOL };
+enum call_kind { CALL_PROLOG, CALL_EPILOG, CALL_STEP_START, CALL_STEP_END, CALL_STEP_CHANNEL, CALL_SPOOL };
 
 struct call {
 	enum call_kind kind;
@@ -117,12 +119,18 @@ static void run(const struct call *c, struct answer *a)
 				      (int32_t *)c->pids, c->npids, a->res.gpus,
 				      GPUFENCE_MAX_GPUS, &a->res.ngpus,
 				      &a->res.slurm_local_indices,
+				      &a->res.imex_pending,
 				      a->res.step_cgroup,
 				      (int)sizeof(a->res.step_cgroup), err, errlen);
 		break;
 	case CALL_STEP_END:
 		a->rc = go.step_end(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
 				    c->step_id, err, errlen);
+		break;
+	case CALL_STEP_CHANNEL:
+		a->rc = go.step_channel(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
+					c->step_id, &a->res.has_channel,
+					&a->res.channel, err, errlen);
 		break;
 	case CALL_SPOOL:
 		a->rc = go.spool_failopen(MUT(cfg->spool), c->job_id, MUT(c->str),
@@ -270,6 +278,23 @@ int gf_go_step_end(const struct gf_config *cfg, uint32_t job_id,
 	struct answer a;
 
 	return isolated(&c, &a, err, errlen);
+}
+
+int gf_go_step_channel(const struct gf_config *cfg, uint32_t job_id,
+		       uint32_t step_id, struct gf_step_result *res, char *err,
+		       size_t errlen)
+{
+	struct call c = { .kind = CALL_STEP_CHANNEL, .cfg = cfg, .job_id = job_id, .step_id = step_id };
+	struct answer a;
+	int rc = isolated(&c, &a, err, errlen);
+
+	res->has_channel = 0;
+	res->channel = 0;
+	if (rc == GPUFENCE_OK) {
+		res->has_channel = a.res.has_channel;
+		res->channel = a.res.channel;
+	}
+	return rc;
 }
 
 int gf_go_spool_failopen(const struct gf_config *cfg, uint32_t job_id,

@@ -21,6 +21,12 @@ struct gf_step_result {
 	uint32_t gpus[GPUFENCE_MAX_GPUS];
 	int ngpus;
 	int slurm_local_indices;
+	/* The agent narrows IMEX channels: ask for the step's (StepChannel)
+	 * from task_post_fork, before any task may exec. */
+	int imex_pending;
+	/* StepChannel's answer: the step's channel, when has_channel. */
+	int has_channel;
+	uint32_t channel;
 	/* The step's cgroup as /proc/<pid>/cgroup names it; "" when the
 	 * agent did not say (an older agent). */
 	char step_cgroup[GPUFENCE_CGROUP_LEN];
@@ -38,6 +44,9 @@ int gf_go_step_start(const struct gf_config *cfg, uint32_t job_id,
 		     uint32_t step_id, uint32_t uid, const char *step_gpus,
 		     const int32_t *pids, int npids, struct gf_step_result *res,
 		     char *err, size_t errlen);
+int gf_go_step_channel(const struct gf_config *cfg, uint32_t job_id,
+		       uint32_t step_id, struct gf_step_result *res, char *err,
+		       size_t errlen);
 int gf_go_step_end(const struct gf_config *cfg, uint32_t job_id,
 		   uint32_t step_id, char *err, size_t errlen);
 

@@ -49,6 +49,7 @@ struct gate {
 	int refused;
 	int confirmed;
 	int unfiltered; /* failure=open let the step run without the agent */
+	int imex_asked; /* StepChannel was sent (first task's post_fork) */
 	char msg[GPUFENCE_ERR_LEN * 3];
 };
 static struct gate *gate;
@@ -232,6 +233,39 @@ static void fail_open(uint32_t job_id, const char *step, uint32_t uid,
 			 job_id, step, stash.cfg.spool, err);
 }
 
+/*
+ * Slurm's switch/nvidia_imex makes the job's IMEX channel node in
+ * slurmstepd's own mount namespace after init (switch_g_job_init follows
+ * spank_init), so the agent learns the channel here, once per step, before
+ * any task may exec; until then the step opens no channel. 0 when the agent
+ * has it (or the step needs none); else -1 with the reason in msg.
+ */
+static int imex_channel(uint32_t job_id, uint32_t step_id, const char *step,
+			char *msg, size_t len)
+{
+	char reason[GPUFENCE_ERR_LEN];
+	int rc;
+
+	if (!stash.res.imex_pending)
+		return 0;
+	if (gate && __atomic_exchange_n(&gate->imex_asked, 1, __ATOMIC_SEQ_CST))
+		return 0; /* an earlier task's post_fork asked; a failure refused the step */
+	rc = gf_go_step_channel(&stash.cfg, job_id, step_id, &stash.res, reason,
+				sizeof(reason));
+	if (rc != GPUFENCE_OK) {
+		char why[GPUFENCE_ERR_LEN * 2];
+
+		gf_describe_failure(&stash.cfg, rc, reason, why, sizeof(why));
+		snprintf(msg, len, "cannot set the step's IMEX channel: %.900s", why);
+		return -1;
+	}
+	if (stash.res.has_channel)
+		gf_debug("job %u step %s: IMEX channel %u", job_id, step, stash.res.channel);
+	else
+		gf_debug("job %u step %s: no IMEX channel", job_id, step);
+	return 0;
+}
+
 int gf_remote_task_post_fork(spank_t sp)
 {
 	uint32_t job_id = 0, step_id, uid;
@@ -264,13 +298,14 @@ int gf_remote_task_post_fork(spank_t sp)
 	} else if (stash.res.step_cgroup[0]) {
 		/* Checked here, with no second exchange with the agent. */
 		step_name(step_id, step, sizeof(step));
-		if (task_in_step(pid, stash.res.step_cgroup, where, sizeof(where)) == 0) {
+		if (task_in_step(pid, stash.res.step_cgroup, where, sizeof(where)) != 0) {
+			snprintf(msg, sizeof(msg), "task pid %d is in cgroup %.400s, not in its step's cgroup %.400s",
+				 (int)pid, where, stash.res.step_cgroup);
+		} else if (imex_channel(job_id, step_id, step, msg, sizeof(msg)) == 0) {
 			if (gate)
 				__atomic_add_fetch(&gate->confirmed, 1, __ATOMIC_SEQ_CST);
 			return 0;
 		}
-		snprintf(msg, sizeof(msg), "task pid %d is in cgroup %.400s, not in its step's cgroup %.400s",
-			 (int)pid, where, stash.res.step_cgroup);
 	} else {
 		/* An agent too old to name the step's cgroup checks the task. */
 		step_name(step_id, step, sizeof(step));

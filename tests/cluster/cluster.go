@@ -113,6 +113,7 @@ type state struct {
 	Namespace    bool     `json:"namespace,omitempty"`   // namespace/linux on (SetNamespace)
 	FakeDriver   bool     `json:"fake_driver,omitempty"` // SetFakeDriver
 	AutoDetect   bool     `json:"autodetect,omitempty"`  // SetAutoDetect
+	IMEXMajor    uint32   `json:"imex_major,omitempty"`  // SetIMEX
 	// Scope is the scope slurmd made (known once it started); the
 	// candidates are the names it may choose (with and without the node
 	// name, as Slurm is built with or without multiple-slurmd support).
@@ -429,7 +430,7 @@ func (c *Cluster) params() confParams {
 		ExtraSlurm: c.st.ExtraSlurmConf, Plugstack: c.st.Plugstack,
 		ClusterName: "gpufence", SlurmUser: "slurm", KillWaitSecs: 5,
 		Release: c.st.Release, Slice: c.st.Slice, JobIDPaths: c.st.JobIDPaths, PCluster: c.st.PCluster,
-		Namespace: c.st.Namespace, FakeDriver: c.st.FakeDriver, AutoDetect: c.st.AutoDetect,
+		Namespace: c.st.Namespace, FakeDriver: c.st.FakeDriver, AutoDetect: c.st.AutoDetect, IMEXMajor: c.st.IMEXMajor,
 	}
 }
 
@@ -658,6 +659,36 @@ func (c *Cluster) SetMIG(on bool) error {
 	}
 	if err := c.startSlurmd(context.Background()); err != nil {
 		return fmt.Errorf("restart slurmd with the %s gres.conf: %w", map[bool]string{true: "MIG", false: "plain"}[on], err)
+	}
+	return c.saveState()
+}
+
+// SetIMEX turns Slurm's switch/nvidia_imex on with imex_dev_major=major
+// (a fake major: no driver behind it), or off (0), and restarts slurmctld
+// and slurmd. Only in a Debian root, which then gets a /dev of its own:
+// slurmd makes and empties /dev/nvidia-caps-imex-channels at start, which
+// must not be this host's. No job may run.
+func (c *Cluster) SetIMEX(major uint32) error {
+	if c.st.SysRoot == "" {
+		return fmt.Errorf("switch/nvidia_imex needs a Debian root (its own /dev); this cluster runs %s (%s)", c.st.Full, c.st.Kind)
+	}
+	for _, p := range []*Process{c.st.Slurmd, c.st.Slurmctld} {
+		if err := p.Stop(); err != nil {
+			return fmt.Errorf("stop %s: %w", p.Name, err)
+		}
+	}
+	c.st.IMEXMajor = major
+	if err := os.WriteFile(c.path("etc/slurm.conf"), []byte(renderSlurmConf(c.params())), 0o644); err != nil {
+		return err
+	}
+	if err := c.writeRootWrappers(); err != nil {
+		return err
+	}
+	if err := c.startSlurmctld(); err != nil {
+		return err
+	}
+	if err := c.startSlurmd(context.Background()); err != nil {
+		return fmt.Errorf("restart slurmd with switch/nvidia_imex %d: %w\n%s", major, err, tail(c.path("logs/slurmd.log"), 20))
 	}
 	return c.saveState()
 }

@@ -34,6 +34,7 @@ type confParams struct {
 	Namespace    bool   // NamespaceType=namespace/linux (25.11) with etc/namespace.yaml
 	FakeDriver   bool   // gres.conf AutoDetect=nvidia, Flags=env_uuid (SetFakeDriver)
 	AutoDetect   bool   // gres.conf AutoDetect=nvml alone, fake_gpus.conf (SetAutoDetect)
+	IMEXMajor    uint32 // SwitchType=switch/nvidia_imex with this imex_dev_major (SetIMEX); 0: off
 }
 
 // atLeast reports whether the files are for Slurm v (major.minor) or newer.
@@ -67,9 +68,20 @@ func renderSlurmConf(p confParams) string {
 	line("SlurmdPidFile=%s", p.path("run/slurmd.pid"))
 	line("SlurmctldLogFile=%s", p.path("logs/slurmctld.log"))
 	line("SlurmdLogFile=%s", p.path("logs/slurmd.log"))
-	line("SlurmctldDebug=info")
-	line("SlurmdDebug=debug")
-	line("DebugFlags=Cgroup")
+	if p.IMEXMajor != 0 {
+		// switch/nvidia_imex logs each channel it hands out at debug level
+		// ("allocating channel N to JobId=J"): the channel a job should
+		// open, from slurmctld, not from the job.
+		line("SlurmctldDebug=debug")
+		line("SlurmdDebug=debug")
+		line("DebugFlags=Cgroup,Switch")
+		line("SwitchType=switch/nvidia_imex")
+		line("SwitchParameters=imex_dev_major=%d", p.IMEXMajor)
+	} else {
+		line("SlurmctldDebug=info")
+		line("SlurmdDebug=debug")
+		line("DebugFlags=Cgroup")
+	}
 	line("PlugStackConfig=%s", p.path("etc/plugstack.conf"))
 	// Contain gives every job an extern step (pam_slurm_adopt-style tests).
 	line("PrologFlags=Contain")

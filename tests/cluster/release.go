@@ -107,6 +107,10 @@ func (c *Cluster) rootFlags() []string {
 		}
 		args = append(args, "-overlay", c.path("fakedriver/proc-driver")+":/proc/driver",
 			"-overlay", c.path("fakedriver/pci-drivers")+":/sys/bus/pci/drivers")
+	} else if c.st.IMEXMajor != 0 {
+		// A /dev of the root's own (SetIMEX), with channel 0 in it as a
+		// ParallelCluster prolog makes it for every job.
+		args = append(args, "-devnode", fmt.Sprintf("imex-channel0:%d:0", c.st.IMEXMajor))
 	}
 	return args
 }

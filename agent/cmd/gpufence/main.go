@@ -249,6 +249,12 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	if err != nil {
 		return err
 	}
+	if err := resolveIMEX(&cfg, major, log); err != nil {
+		return err
+	}
+	if m := cfg.IMEXChannelsMajor; m != 0 && (m == cfg.NVSwitchMajor || m == cfg.NVLinkMajor) {
+		return fmt.Errorf("IMEX channel major %d is the nvidia-nvswitch or nvidia-nvlink major too; set imex_channels_major, nvswitch_major or nvlink_major", m)
+	}
 	mode := devfilter.Mode("")
 	if cfg.Mode != config.ModeAuto {
 		mode = devfilter.Mode(cfg.Mode)
@@ -279,7 +285,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	}()
 	fopts := devfilter.Options{
 		Mode: mode, NvidiaMajor: major, CapsMajor: cfg.NvidiaCapsMajor, Logger: log, PinDir: cfg.PinDir,
-		NVSwitchMajor: nvswitchMajor, NVLinkMajor: nvlinkMajor,
+		NVSwitchMajor: nvswitchMajor, NVLinkMajor: nvlinkMajor, IMEXMajor: cfg.IMEXChannelsMajor,
 		AuditOnly:    cfg.Enforcement == config.EnforcementAuditOnly,
 		AuditAllowed: devfilter.AuditAllowed(cfg.Audit.Allowed),
 		RateWindow:   cfg.Audit.RateWindow.Duration, RateBurst: cfg.Audit.RateBurst,
@@ -376,4 +382,47 @@ func onHangup(d *daemon.Daemon, rec *audit.Pipeline, log *slog.Logger, reload fu
 		msg += "; enforcement is " + cfg.Enforcement
 	}
 	rec.Emit(audit.Record{Event: audit.EventConfigReload, Severity: audit.SeverityNotice, PolicyMode: policyMode(cfg), Message: msg + table})
+}
+
+// resolveIMEX turns imex_channels auto into slurm or unrestricted (by
+// slurm.conf's SwitchType) and finds the channel major (imex_channels_major,
+// else Slurm's imex_dev_major=, else /proc/devices). Afterwards
+// cfg.IMEXChannelsMajor is the major the filter narrows, 0 for none.
+func resolveIMEX(cfg *config.Config, nvidiaMajor uint32, log *slog.Logger) error {
+	st, err := slurm.ReadSettings(cfg.SlurmConf)
+	if err != nil {
+		return err
+	}
+	if cfg.IMEXChannels == config.IMEXAuto {
+		cfg.IMEXChannels = config.IMEXUnrestricted
+		if st.NvidiaIMEX() {
+			cfg.IMEXChannels = config.IMEXSlurm
+		}
+	}
+	if cfg.IMEXChannels == config.IMEXUnrestricted {
+		cfg.IMEXChannelsMajor = 0
+		log.Info("IMEX channels are not narrowed (imex_channels: unrestricted, or auto without SwitchType=switch/nvidia_imex)")
+		return nil
+	}
+	if cfg.IMEXChannelsMajor == 0 {
+		if cfg.IMEXChannelsMajor, err = st.IMEXDevMajor(); err != nil {
+			return err
+		}
+	}
+	if cfg.IMEXChannelsMajor == 0 {
+		m, found, err := devices.IMEXMajor()
+		if err != nil {
+			return err
+		}
+		if !found {
+			log.Info("no nvidia-caps-imex-channels in /proc/devices and no imex_dev_major: IMEX channels are not narrowed (there are none on this node)", "imex_channels", cfg.IMEXChannels)
+			return nil
+		}
+		cfg.IMEXChannelsMajor = m
+	}
+	if cfg.IMEXChannelsMajor == nvidiaMajor || cfg.IMEXChannelsMajor == cfg.NvidiaCapsMajor {
+		return fmt.Errorf("IMEX channel major %d is the NVIDIA or nvidia-caps major too; set imex_channels_major", cfg.IMEXChannelsMajor)
+	}
+	log.Info("IMEX channels narrowed", "imex_channels", cfg.IMEXChannels, "imex_major", cfg.IMEXChannelsMajor)
+	return nil
 }

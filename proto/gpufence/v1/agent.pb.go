@@ -88,6 +88,7 @@ type Request struct {
 	//	*Request_JobEpilog
 	//	*Request_VerifyStart
 	//	*Request_VerifyEnd
+	//	*Request_StepChannel
 	Msg           isRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -191,6 +192,15 @@ func (x *Request) GetVerifyEnd() *VerifyEnd {
 	return nil
 }
 
+func (x *Request) GetStepChannel() *StepChannel {
+	if x != nil {
+		if x, ok := x.Msg.(*Request_StepChannel); ok {
+			return x.StepChannel
+		}
+	}
+	return nil
+}
+
 type isRequest_Msg interface {
 	isRequest_Msg()
 }
@@ -219,6 +229,10 @@ type Request_VerifyEnd struct {
 	VerifyEnd *VerifyEnd `protobuf:"bytes,15,opt,name=verify_end,json=verifyEnd,proto3,oneof"`
 }
 
+type Request_StepChannel struct {
+	StepChannel *StepChannel `protobuf:"bytes,16,opt,name=step_channel,json=stepChannel,proto3,oneof"`
+}
+
 func (*Request_JobProlog) isRequest_Msg() {}
 
 func (*Request_StepStart) isRequest_Msg() {}
@@ -230,6 +244,8 @@ func (*Request_JobEpilog) isRequest_Msg() {}
 func (*Request_VerifyStart) isRequest_Msg() {}
 
 func (*Request_VerifyEnd) isRequest_Msg() {}
+
+func (*Request_StepChannel) isRequest_Msg() {}
 
 // Sent from the job_prolog SPANK callback, which slurmd runs as root before the
 // job's first step on this node. The GPU list here is the only one the agent
@@ -599,6 +615,64 @@ func (x *VerifyEnd) GetElapsedUs() uint64 {
 	return 0
 }
 
+// Sent by slurmstepd (as root) from task_post_fork of the step's first task,
+// when the StepStart answer set imex_pending: Slurm's switch/nvidia_imex
+// makes the job's IMEX channel node in slurmstepd's own mount namespace
+// after the SPANK init callback, and the tasks may not exec before
+// post_fork returns. The agent reads the channel from /proc/<pid>/root of
+// the connecting process (SO_PEERCRED), never from the message.
+type StepChannel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         uint32                 `protobuf:"varint,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	StepId        uint32                 `protobuf:"varint,2,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepChannel) Reset() {
+	*x = StepChannel{}
+	mi := &file_gpufence_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepChannel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepChannel) ProtoMessage() {}
+
+func (x *StepChannel) ProtoReflect() protoreflect.Message {
+	mi := &file_gpufence_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepChannel.ProtoReflect.Descriptor instead.
+func (*StepChannel) Descriptor() ([]byte, []int) {
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *StepChannel) GetJobId() uint32 {
+	if x != nil {
+		return x.JobId
+	}
+	return 0
+}
+
+func (x *StepChannel) GetStepId() uint32 {
+	if x != nil {
+		return x.StepId
+	}
+	return 0
+}
+
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty on success. Otherwise a one-line reason that Slurm shows to the user
@@ -616,14 +690,20 @@ type Response struct {
 	// task may exec, with no second round trip.
 	StepCgroup string `protobuf:"bytes,4,opt,name=step_cgroup,json=stepCgroup,proto3" json:"step_cgroup,omitempty"`
 	// For VerifyStart and VerifyEnd: what the self-test needs to know.
-	Verify        *VerifyInfo `protobuf:"bytes,5,opt,name=verify,proto3" json:"verify,omitempty"`
+	Verify *VerifyInfo `protobuf:"bytes,5,opt,name=verify,proto3" json:"verify,omitempty"`
+	// For StepStart: the agent narrows IMEX channels and the step holds GPUs,
+	// so the plugin must send StepChannel before any task may exec; until then
+	// the step opens no channel.
+	ImexPending bool `protobuf:"varint,6,opt,name=imex_pending,json=imexPending,proto3" json:"imex_pending,omitempty"`
+	// For StepChannel: the IMEX channel the step may open; absent: none.
+	ImexChannel   *uint32 `protobuf:"varint,7,opt,name=imex_channel,json=imexChannel,proto3,oneof" json:"imex_channel,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Response) Reset() {
 	*x = Response{}
-	mi := &file_gpufence_v1_agent_proto_msgTypes[7]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +715,7 @@ func (x *Response) String() string {
 func (*Response) ProtoMessage() {}
 
 func (x *Response) ProtoReflect() protoreflect.Message {
-	mi := &file_gpufence_v1_agent_proto_msgTypes[7]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +728,7 @@ func (x *Response) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Response.ProtoReflect.Descriptor instead.
 func (*Response) Descriptor() ([]byte, []int) {
-	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Response) GetError() string {
@@ -686,6 +766,20 @@ func (x *Response) GetVerify() *VerifyInfo {
 	return nil
 }
 
+func (x *Response) GetImexPending() bool {
+	if x != nil {
+		return x.ImexPending
+	}
+	return false
+}
+
+func (x *Response) GetImexChannel() uint32 {
+	if x != nil && x.ImexChannel != nil {
+		return *x.ImexChannel
+	}
+	return 0
+}
+
 // What the agent tells `gpufence verify`.
 type VerifyInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -715,7 +809,7 @@ type VerifyInfo struct {
 
 func (x *VerifyInfo) Reset() {
 	*x = VerifyInfo{}
-	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +821,7 @@ func (x *VerifyInfo) String() string {
 func (*VerifyInfo) ProtoMessage() {}
 
 func (x *VerifyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +834,7 @@ func (x *VerifyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyInfo.ProtoReflect.Descriptor instead.
 func (*VerifyInfo) Descriptor() ([]byte, []int) {
-	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VerifyInfo) GetMode() string {
@@ -816,7 +910,7 @@ type VerifyGPU struct {
 
 func (x *VerifyGPU) Reset() {
 	*x = VerifyGPU{}
-	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +922,7 @@ func (x *VerifyGPU) String() string {
 func (*VerifyGPU) ProtoMessage() {}
 
 func (x *VerifyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +935,7 @@ func (x *VerifyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyGPU.ProtoReflect.Descriptor instead.
 func (*VerifyGPU) Descriptor() ([]byte, []int) {
-	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VerifyGPU) GetIndex() uint32 {
@@ -862,7 +956,7 @@ var File_gpufence_v1_agent_proto protoreflect.FileDescriptor
 
 const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x17gpufence/v1/agent.proto\x12\vgpufence.v1\"\x9e\x03\n" +
+	"\x17gpufence/v1/agent.proto\x12\vgpufence.v1\"\xdd\x03\n" +
 	"\aRequest\x126\n" +
 	"\aversion\x18\x01 \x01(\x0e2\x1c.gpufence.v1.ProtocolVersionR\aversion\x127\n" +
 	"\n" +
@@ -875,7 +969,8 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"job_epilog\x18\r \x01(\v2\x16.gpufence.v1.JobEpilogH\x00R\tjobEpilog\x12=\n" +
 	"\fverify_start\x18\x0e \x01(\v2\x18.gpufence.v1.VerifyStartH\x00R\vverifyStart\x127\n" +
 	"\n" +
-	"verify_end\x18\x0f \x01(\v2\x16.gpufence.v1.VerifyEndH\x00R\tverifyEndB\x05\n" +
+	"verify_end\x18\x0f \x01(\v2\x16.gpufence.v1.VerifyEndH\x00R\tverifyEnd\x12=\n" +
+	"\fstep_channel\x18\x10 \x01(\v2\x18.gpufence.v1.StepChannelH\x00R\vstepChannelB\x05\n" +
 	"\x03msg\"a\n" +
 	"\tJobProlog\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x10\n" +
@@ -902,14 +997,20 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\tcgroup_id\x18\x01 \x01(\x04R\bcgroupId\x12\x16\n" +
 	"\x06failed\x18\x02 \x03(\tR\x06failed\x12\x1d\n" +
 	"\n" +
-	"elapsed_us\x18\x03 \x01(\x04R\telapsedUs\"\xb6\x01\n" +
+	"elapsed_us\x18\x03 \x01(\x04R\telapsedUs\"=\n" +
+	"\vStepChannel\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x17\n" +
+	"\astep_id\x18\x02 \x01(\rR\x06stepId\"\x92\x02\n" +
 	"\bResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12.\n" +
 	"\x13slurm_local_indices\x18\x03 \x01(\bR\x11slurmLocalIndices\x12\x1f\n" +
 	"\vstep_cgroup\x18\x04 \x01(\tR\n" +
 	"stepCgroup\x12/\n" +
-	"\x06verify\x18\x05 \x01(\v2\x17.gpufence.v1.VerifyInfoR\x06verify\"\x94\x02\n" +
+	"\x06verify\x18\x05 \x01(\v2\x17.gpufence.v1.VerifyInfoR\x06verify\x12!\n" +
+	"\fimex_pending\x18\x06 \x01(\bR\vimexPending\x12&\n" +
+	"\fimex_channel\x18\a \x01(\rH\x00R\vimexChannel\x88\x01\x01B\x0f\n" +
+	"\r_imex_channel\"\x94\x02\n" +
 	"\n" +
 	"VerifyInfo\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x1f\n" +
@@ -942,7 +1043,7 @@ func file_gpufence_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_gpufence_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpufence_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_gpufence_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_gpufence_v1_agent_proto_goTypes = []any{
 	(ProtocolVersion)(0), // 0: gpufence.v1.ProtocolVersion
 	(*Request)(nil),      // 1: gpufence.v1.Request
@@ -952,9 +1053,10 @@ var file_gpufence_v1_agent_proto_goTypes = []any{
 	(*JobEpilog)(nil),    // 5: gpufence.v1.JobEpilog
 	(*VerifyStart)(nil),  // 6: gpufence.v1.VerifyStart
 	(*VerifyEnd)(nil),    // 7: gpufence.v1.VerifyEnd
-	(*Response)(nil),     // 8: gpufence.v1.Response
-	(*VerifyInfo)(nil),   // 9: gpufence.v1.VerifyInfo
-	(*VerifyGPU)(nil),    // 10: gpufence.v1.VerifyGPU
+	(*StepChannel)(nil),  // 8: gpufence.v1.StepChannel
+	(*Response)(nil),     // 9: gpufence.v1.Response
+	(*VerifyInfo)(nil),   // 10: gpufence.v1.VerifyInfo
+	(*VerifyGPU)(nil),    // 11: gpufence.v1.VerifyGPU
 }
 var file_gpufence_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: gpufence.v1.Request.version:type_name -> gpufence.v1.ProtocolVersion
@@ -964,13 +1066,14 @@ var file_gpufence_v1_agent_proto_depIdxs = []int32{
 	5,  // 4: gpufence.v1.Request.job_epilog:type_name -> gpufence.v1.JobEpilog
 	6,  // 5: gpufence.v1.Request.verify_start:type_name -> gpufence.v1.VerifyStart
 	7,  // 6: gpufence.v1.Request.verify_end:type_name -> gpufence.v1.VerifyEnd
-	9,  // 7: gpufence.v1.Response.verify:type_name -> gpufence.v1.VerifyInfo
-	10, // 8: gpufence.v1.VerifyInfo.gpus:type_name -> gpufence.v1.VerifyGPU
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	8,  // 7: gpufence.v1.Request.step_channel:type_name -> gpufence.v1.StepChannel
+	10, // 8: gpufence.v1.Response.verify:type_name -> gpufence.v1.VerifyInfo
+	11, // 9: gpufence.v1.VerifyInfo.gpus:type_name -> gpufence.v1.VerifyGPU
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_gpufence_v1_agent_proto_init() }
@@ -985,17 +1088,19 @@ func file_gpufence_v1_agent_proto_init() {
 		(*Request_JobEpilog)(nil),
 		(*Request_VerifyStart)(nil),
 		(*Request_VerifyEnd)(nil),
+		(*Request_StepChannel)(nil),
 	}
 	file_gpufence_v1_agent_proto_msgTypes[1].OneofWrappers = []any{}
 	file_gpufence_v1_agent_proto_msgTypes[2].OneofWrappers = []any{}
 	file_gpufence_v1_agent_proto_msgTypes[5].OneofWrappers = []any{}
+	file_gpufence_v1_agent_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpufence_v1_agent_proto_rawDesc), len(file_gpufence_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
