@@ -273,7 +273,7 @@ func (st *suite) checkAutoDetectTable(t *testing.T, tb *statefile.GPUTable, slur
 	if tb.Source != "slurmd -G" || tb.AutoDetect != "nvml" || tb.Untrusted != "" {
 		errorf("table from %q, AutoDetect=%q, untrusted %q (%s); want slurmd -G, nvml, trusted", tb.Source, tb.AutoDetect, tb.Untrusted, tb.Detail)
 	}
-	if want := fmt.Sprintf("%s -G -f %s -N %s", slurmd, st.c.SlurmConf(), st.c.Hostname()); slurmd != "" && tb.Slurmd != want {
+	if want := fmt.Sprintf("%s -G -L /dev/null -f %s -N %s", slurmd, st.c.SlurmConf(), st.c.Hostname()); slurmd != "" && tb.Slurmd != want {
 		errorf("slurmd -G command %q, want %q", tb.Slurmd, want)
 	}
 	var got, want []string
