@@ -17,16 +17,16 @@
 package imexchan
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
 // Dir is where Slurm mounts a step's channel node.
@@ -136,42 +136,14 @@ func Channels(ents []Entry, major uint32) ([]uint32, error) {
 // MountAt reads a mountinfo file and returns the file system type of the
 // topmost mount at dir, and whether there is one.
 func MountAt(r io.Reader, dir string) (fstype string, found bool, err error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		sep := -1
-		for i, x := range f {
-			if x == "-" && i >= 6 {
-				sep = i
-				break
-			}
-		}
-		if len(f) < 7 || sep < 0 || sep+1 >= len(f) {
-			return "", false, fmt.Errorf("mountinfo line %q: not in the kernel's format", sc.Text())
-		}
-		if unescape(f[4]) == dir {
-			fstype, found = f[sep+1], true
+	mounts, err := devfilter.ParseMountinfo(r)
+	if err != nil {
+		return "", false, fmt.Errorf("%v: not in the kernel's format", err)
+	}
+	for _, m := range mounts {
+		if m.MountPoint == dir {
+			fstype, found = m.FSType, true
 		}
 	}
-	return fstype, found, sc.Err()
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a blank).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return fstype, found, nil
 }

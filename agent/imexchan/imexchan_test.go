@@ -84,8 +84,8 @@ func TestMountAt(t *testing.T) {
 			}
 		})
 	}
-	if got := unescape(`/dev/a\040b`); got != "/dev/a b" {
-		t.Errorf("unescape = %q", got)
+	if fstype, found, err := MountAt(strings.NewReader("504 23 0:80 / /dev/a\\040b rw - tmpfs tmpfs rw\n"), "/dev/a b"); err != nil || !found || fstype != "tmpfs" {
+		t.Errorf("escaped mount point: %q %v %v, want tmpfs found", fstype, found, err)
 	}
 }
 

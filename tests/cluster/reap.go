@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
 // staleGlob matches the roots Start makes itself (makeRoot with no root).
@@ -84,37 +86,16 @@ func unmountUnder(dir string) error {
 
 // mountsUnder lists the mount points of a mountinfo text strictly below dir.
 func mountsUnder(mountinfo, dir string) []string {
+	mounts, err := devfilter.ParseMountinfo(strings.NewReader(mountinfo))
+	if err != nil {
+		return nil
+	}
 	prefix := filepath.Clean(dir) + "/"
 	var points []string
-	for _, l := range strings.Split(mountinfo, "\n") {
-		f := strings.Fields(l)
-		if len(f) < 5 {
-			continue
-		}
-		p := unescapeMount(f[4])
-		if strings.HasPrefix(p, prefix) {
-			points = append(points, p)
+	for _, m := range mounts {
+		if strings.HasPrefix(m.MountPoint, prefix) {
+			points = append(points, m.MountPoint)
 		}
 	}
 	return points
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -3,6 +3,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/bpf/devfilter"
 	"github.com/gpufence/gpufence/tests/debroot"
 	"github.com/gpufence/gpufence/tests/slurmrel"
 )
@@ -460,11 +462,15 @@ func mountsAt(dir string) []string {
 	if err != nil {
 		return []string{"(cannot read /proc/self/mountinfo: " + err.Error() + ")"}
 	}
+	mounts, err := devfilter.ParseMountinfo(bytes.NewReader(b))
+	if err != nil {
+		return []string{"(" + err.Error() + ")"}
+	}
 	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 5 && unescapeMount(f[4]) == filepath.Clean(dir) {
-			out = append(out, dir)
+	for _, m := range mounts {
+		if m.MountPoint == filepath.Clean(dir) || strings.HasPrefix(m.MountPoint, filepath.Clean(dir)+"/") {
+			out = append(out, m.MountPoint)
 		}
 	}
-	return append(out, mountsUnder(string(b), dir)...)
+	return out
 }
