@@ -192,16 +192,7 @@ func TestPrivilegedCrashUpgradeFromStateFile(t *testing.T) {
 		}
 		r.fileRestoreOK = true
 		for range 3 {
-			r.n.start()
-			time.Sleep(time.Duration(r.rng.Int64N(int64(est) + 1)))
-			before := !r.n.isReady()
-			r.n.kill()
-			r.count(func(s *stats) {
-				s.startupKills++
-				if before {
-					s.startupKillsBeforeReady++
-				}
-			})
+			r.killDuringStart(time.Duration(r.rng.Int64N(int64(est) + 1)))
 		}
 		start := time.Now()
 		r.n.start()
@@ -571,22 +562,28 @@ func (r *run) afterCrash(iter int) {
 func (r *run) restart() {
 	r.t.Helper()
 	if r.n.startTook > 0 && r.rng.IntN(5) == 0 {
-		d := time.Duration(r.rng.Int64N(int64(r.n.startTook) + 1))
-		r.n.start()
-		time.Sleep(d)
-		before := !r.n.isReady()
-		r.n.kill()
-		r.count(func(s *stats) {
-			s.startupKills++
-			if before {
-				s.startupKillsBeforeReady++
-			}
-		})
+		r.killDuringStart(time.Duration(r.rng.Int64N(int64(r.n.startTook) + 1)))
 	}
 	start := time.Now()
 	r.n.start()
 	r.n.ready(start)
 	r.count(func(s *stats) { s.restarts++; s.startTotal += r.n.startTook })
+}
+
+// killDuringStart starts the agent and kills it d later, counting whether
+// it was still starting.
+func (r *run) killDuringStart(d time.Duration) {
+	r.t.Helper()
+	r.n.start()
+	time.Sleep(d)
+	before := !r.n.isReady()
+	r.n.kill()
+	r.count(func(s *stats) {
+		s.startupKills++
+		if before {
+			s.startupKillsBeforeReady++
+		}
+	})
 }
 
 // compare checks the restarted agent against the model.
