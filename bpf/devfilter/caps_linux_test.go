@@ -161,15 +161,34 @@ func TestPrivilegedCapsWithoutMajor(t *testing.T) {
 // no caps): testdata/layout1_bpfel.o is devfilter_bpfel.o as committed
 // before the caps bitmap was added.
 func layout1Spec(t *testing.T) *ebpf.CollectionSpec {
+	return olderSpec(t, 1, "policies", policyLayout1Size)
+}
+
+// olderSpec loads testdata/layout<n>_bpfel.o, devfilter_bpfel.o as an
+// older agent committed it, and checks that map's value size there.
+func olderSpec(t *testing.T, n int, mapName string, valueSize uint32) *ebpf.CollectionSpec {
 	t.Helper()
-	spec, err := ebpf.LoadCollectionSpec("testdata/layout1_bpfel.o")
+	spec, err := ebpf.LoadCollectionSpec(fmt.Sprintf("testdata/layout%d_bpfel.o", n))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := spec.Maps["policies"].ValueSize; got != policyLayout1Size {
-		t.Fatalf("layout 1 policy value is %d bytes, want %d", got, policyLayout1Size)
+	if got := spec.Maps[mapName].ValueSize; got != valueSize {
+		t.Fatalf("layout %d %s value is %d bytes, want %d", n, mapName, got, valueSize)
 	}
 	return spec
+}
+
+// setStepAndSystem gives job_1/step_0 GPU 2 and MIG capability 12 and
+// system every device, as the upgrade tests' older agents do.
+func setStepAndSystem(t *testing.T, fx *fixture, f *Filter) (step, system Cgroup) {
+	t.Helper()
+	step, system = fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "system")
+	for cg, p := range map[Cgroup]Policy{step: {GPUMinors: []uint32{2}, CapsMinors: []uint32{12}}, system: {AllowAll: true}} {
+		if err := f.Set(cg, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return step, system
 }
 
 // setLayout1 writes a first-layout policy (GPU bitmap word 0 only), as an

@@ -178,21 +178,10 @@ func TestPrivilegedPinUpgradeFromLayout2(t *testing.T) {
 		o.CapsMajor = fx.capsMajor
 		unpinAtEnd(t, o)
 		t.Cleanup(func() { testSpecHook = nil })
-		old, err := ebpf.LoadCollectionSpec("testdata/layout2_bpfel.o")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := old.Maps["config"].ValueSize; got != configLayout1Size {
-			t.Fatalf("layout 2 config value is %d bytes, want %d", got, configLayout1Size)
-		}
+		old := olderSpec(t, 2, "config", configLayout1Size)
 		testSpecHook = func(_ Mode, spec *ebpf.CollectionSpec) { *spec = *old.Copy() }
 		f := mustNew(t, o)
-		step, system := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "system")
-		for cg, p := range map[Cgroup]Policy{step: {GPUMinors: []uint32{2}, CapsMinors: []uint32{12}}, system: {AllowAll: true}} {
-			if err := f.Set(cg, p); err != nil {
-				t.Fatal(err)
-			}
-		}
+		step, system := setStepAndSystem(t, fx, f)
 		mustClose(t, f)
 		testSpecHook = nil
 		fx.expectFabric(t, "job_1/step_0/user/task_0", true)

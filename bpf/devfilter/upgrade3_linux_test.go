@@ -28,13 +28,7 @@ func TestPrivilegedPinUpgradeFromLayout3(t *testing.T) {
 		o.CapsMajor, o.NVSwitchMajor, o.NVLinkMajor = fx.capsMajor, fx.nvswitchMajor, fx.nvlinkMajor
 		unpinAtEnd(t, o)
 		t.Cleanup(func() { testSpecHook = nil })
-		old, err := ebpf.LoadCollectionSpec("testdata/layout3_bpfel.o")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := old.Maps["config"].ValueSize; got != configLayout2Size {
-			t.Fatalf("layout 3 config value is %d bytes, want %d", got, configLayout2Size)
-		}
+		old := olderSpec(t, 3, "config", configLayout2Size)
 		testSpecHook = func(_ Mode, spec *ebpf.CollectionSpec) { *spec = *old.Copy() }
 		f := mustNew(t, o)
 		// The older program has no word for the IMEX major: writing one
@@ -44,12 +38,7 @@ func TestPrivilegedPinUpgradeFromLayout3(t *testing.T) {
 		if err := putConfig(f.config, cfg); err == nil {
 			t.Error("putConfig of an IMEX major into the 40-byte config map: no error")
 		}
-		step, system := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "system")
-		for cg, p := range map[Cgroup]Policy{step: {GPUMinors: []uint32{2}, CapsMinors: []uint32{12}}, system: {AllowAll: true}} {
-			if err := f.Set(cg, p); err != nil {
-				t.Fatal(err)
-			}
-		}
+		step, system := setStepAndSystem(t, fx, f)
 		mustClose(t, f)
 		testSpecHook = nil
 		fx.expectFabric(t, "job_1/step_0/user/task_0", false)
