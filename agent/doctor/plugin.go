@@ -226,7 +226,7 @@ func (r *run) checkPlugin() Check {
 	pv := FromVersionNumber(n)
 	c.add("%s: plugin_version 0x%06x = Slurm %s", chain[len(chain)-1], n, pv)
 	if _, err := os.Stat(e.path(golib)); err != nil {
-		c.fail("Install "+goLibName+" beside the plugin (or set golib= in the plugstack line): the plugin loads it in slurmstepd and the prolog.", "the plugin's Go part %s is missing", golib)
+		c.fail("Install "+goLibName+" beside the plugin (or set golib= in the plugstack line): the plugin loads it to record each step that failure=open lets run without the agent.", "the plugin's Go part %s is missing", golib)
 	} else {
 		c.add("Go part: %s", golib)
 	}

@@ -9,9 +9,4 @@
 		       #fn " does not match " #type " in goclient.h")
 
 SAME_TYPE(gpufence_abi_version, gpufence_abi_version_fn);
-SAME_TYPE(gpufence_job_prolog, gpufence_job_prolog_fn);
-SAME_TYPE(gpufence_job_epilog, gpufence_job_epilog_fn);
-SAME_TYPE(gpufence_step_start, gpufence_step_start_fn);
-SAME_TYPE(gpufence_step_end, gpufence_step_end_fn);
 SAME_TYPE(gpufence_spool_failopen, gpufence_spool_failopen_fn);
-SAME_TYPE(gpufence_step_channel, gpufence_step_channel_fn);

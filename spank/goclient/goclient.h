@@ -1,15 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The boundary between the C SPANK entry (spank_gpufence.so) and the Go
- * client (spank_gpufence_go.so). The C side dlopen()s the Go library and
- * looks these functions up by name; the Go side includes this header and
- * a static assertion there fails its build if an exported function stops
- * matching the type declared here.
+ * library (spank_gpufence_go.so), and the codes and sizes both sides use.
+ * The C side speaks to the agent itself (spank/plugin/client.c); it
+ * dlopen()s the Go library, in a child process, only to append the record of
+ * a step that failure=open let run without the agent to the spool. The Go
+ * side includes this header and a static assertion there fails its build if
+ * an exported function stops matching the type declared here.
  *
- * Strings are NUL-terminated and owned by the caller. A NULL string means
- * "absent" (not sent to the agent), which is not the same as "". Every
- * function fills err (always NUL-terminated, truncated to errlen) when it
- * returns anything but GPUFENCE_OK.
+ * Strings are NUL-terminated and owned by the caller. Every function fills
+ * err (always NUL-terminated, truncated to errlen) when it returns anything
+ * but GPUFENCE_OK.
  */
 #ifndef GPUFENCE_GOCLIENT_H
 #define GPUFENCE_GOCLIENT_H
@@ -17,8 +18,8 @@
 #include <stdint.h>
 
 /* Bumped whenever a type below changes; the C side refuses a library that
- * reports another value. */
-#define GPUFENCE_GO_ABI 4
+ * reports another value. 5: the exchanges with the agent moved to C. */
+#define GPUFENCE_GO_ABI 5
 
 /* Return codes. */
 #define GPUFENCE_OK 0
@@ -29,57 +30,12 @@
 /* The arguments were unusable (for example more GPUs than fit in gpus). */
 #define GPUFENCE_E_INVALID 3
 
-/*
- * timeout_ms bounds one try; a call that gets no answer tries once more and
- * takes at most 1.5 × timeout_ms in all (a refusal is never retried).
- */
-
-/* Room the C side keeps for GPU indices and error texts. */
+/* Room the C side keeps for GPU indices, error texts and cgroup paths. */
 #define GPUFENCE_MAX_GPUS 256
 #define GPUFENCE_ERR_LEN 512
-
-typedef int (*gpufence_abi_version_fn)(void);
-
-typedef int (*gpufence_job_prolog_fn)(char *socket, int timeout_ms,
-				      uint32_t job_id, uint32_t uid,
-				      char *job_gpus, char *err, int errlen);
-
-typedef int (*gpufence_job_epilog_fn)(char *socket, int timeout_ms,
-				      uint32_t job_id, char *err, int errlen);
-
-/* Room for the step's cgroup path (as /proc/<pid>/cgroup writes it). */
 #define GPUFENCE_CGROUP_LEN 4096
 
-/*
- * pids/npids: the task pids (npids may be 0). On GPUFENCE_OK, gpus[0..*ngpus)
- * holds the global GPU indices the step may open, ascending,
- * *slurm_local_indices is 1 when Slurm already numbers CUDA_VISIBLE_DEVICES
- * locally, *imex_pending is 1 when the step must send StepChannel from
- * task_post_fork (ABI 4), and step_cgroup the step's cgroup as /proc/<pid>/cgroup names it
- * ("" from an agent too old to say).
- */
-typedef int (*gpufence_step_start_fn)(char *socket, int timeout_ms,
-				      uint32_t job_id, uint32_t step_id,
-				      uint32_t uid, char *step_gpus,
-				      int32_t *pids, int npids,
-				      uint32_t *gpus, int gpus_cap, int *ngpus,
-				      int *slurm_local_indices, int *imex_pending,
-				      char *step_cgroup, int step_cgroup_len,
-				      char *err, int errlen);
-
-/*
- * From task_post_fork, when step_start set *imex_pending: the agent reads
- * the step's IMEX channel from the caller's own mount namespace. On
- * GPUFENCE_OK, *has_channel is 1 and *channel the channel, or 0: none.
- */
-typedef int (*gpufence_step_channel_fn)(char *socket, int timeout_ms,
-					uint32_t job_id, uint32_t step_id,
-					int *has_channel, uint32_t *channel,
-					char *err, int errlen);
-
-typedef int (*gpufence_step_end_fn)(char *socket, int timeout_ms,
-				    uint32_t job_id, uint32_t step_id,
-				    char *err, int errlen);
+typedef int (*gpufence_abi_version_fn)(void);
 
 /*
  * Appends one line for a step that failure=open lets run without GPU

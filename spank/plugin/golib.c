@@ -15,10 +15,10 @@
 #include <unistd.h>
 
 /*
- * Every call into the Go client runs in a child process forked for it: the
+ * The call into the Go library runs in a child process forked for it: the
  * Go runtime is loaded and started there and exits with it, never in the
  * caller. A Go runtime living in slurmstepd would cost every step more
- * than the exchange itself: its start, a slower fork of each task, and
+ * than the spool line itself: its start, a slower fork of each task, and
  * each of Slurm's uid switches signalling its threads (docs/architecture.md,
  * "Step launch cost"). The child writes its answer into a pipe.
  */
@@ -26,16 +26,10 @@
 /* What the child sends back. */
 struct answer {
 	int rc;
-	struct gf_step_result res;
 	char err[GPUFENCE_ERR_LEN];
 };
 
 static struct {
-	gpufence_job_prolog_fn job_prolog;
-	gpufence_job_epilog_fn job_epilog;
-	gpufence_step_start_fn step_start;
-	gpufence_step_end_fn step_end;
-	gpufence_step_channel_fn step_channel;
 	gpufence_spool_failopen_fn spool_failopen;
 } go;
 
@@ -53,15 +47,9 @@ static int load(const char *path, char *err, size_t errlen)
 		return GF_E_LOAD;
 	}
 	abi = (gpufence_abi_version_fn)dlsym(h, "gpufence_abi_version");
-	go.job_prolog = (gpufence_job_prolog_fn)dlsym(h, "gpufence_job_prolog");
-	go.job_epilog = (gpufence_job_epilog_fn)dlsym(h, "gpufence_job_epilog");
-	go.step_start = (gpufence_step_start_fn)dlsym(h, "gpufence_step_start");
-	go.step_end = (gpufence_step_end_fn)dlsym(h, "gpufence_step_end");
-	go.step_channel = (gpufence_step_channel_fn)dlsym(h, "gpufence_step_channel");
 	go.spool_failopen = (gpufence_spool_failopen_fn)dlsym(
 		h, "gpufence_spool_failopen");
-	if (!abi || !go.job_prolog || !go.job_epilog || !go.step_start ||
-	    !go.step_end || !go.step_channel || !go.spool_failopen) {
+	if (!abi || !go.spool_failopen) {
 		snprintf(err, errlen, "%.400s: not a gpufence client library", path);
 		return GF_E_LOAD;
 	}
@@ -77,66 +65,23 @@ static int load(const char *path, char *err, size_t errlen)
 /* The Go side takes char *; it never writes through these. */
 #define MUT(s) ((char *)(s))
 
-enum call_kind { CALL_PROLOG, CALL_EPILOG, CALL_STEP_START, CALL_STEP_END, CALL_STEP_CHANNEL, CALL_SPOOL };
-
+/* The call: the spool line of a step failure=open let run. */
 struct call {
-	enum call_kind kind;
 	const struct gf_config *cfg;
-	uint32_t job_id, step_id, uid;
-	const char *str;  /* job_gpus, step_gpus, or the step name (spool) */
-	const char *str2; /* reason (spool) */
-	const int32_t *pids;
-	int npids;
+	uint32_t job_id, uid;
+	const char *step;
+	const char *reason;
 };
-
-static int timeout_ms(const struct gf_config *cfg)
-{
-	return cfg->timeout_s * 1000;
-}
 
 /* In the child: the call itself. */
 static void run(const struct call *c, struct answer *a)
 {
-	const struct gf_config *cfg = c->cfg;
-	char *err = a->err;
-	int errlen = (int)sizeof(a->err);
-
-	a->rc = load(cfg->golib, a->err, sizeof(a->err));
+	a->rc = load(c->cfg->golib, a->err, sizeof(a->err));
 	if (a->rc)
 		return;
-	switch (c->kind) {
-	case CALL_PROLOG:
-		a->rc = go.job_prolog(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
-				      c->uid, MUT(c->str), err, errlen);
-		break;
-	case CALL_EPILOG:
-		a->rc = go.job_epilog(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
-				      err, errlen);
-		break;
-	case CALL_STEP_START:
-		a->rc = go.step_start(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
-				      c->step_id, c->uid, MUT(c->str),
-				      (int32_t *)c->pids, c->npids, a->res.gpus,
-				      GPUFENCE_MAX_GPUS, &a->res.ngpus,
-				      &a->res.slurm_local_indices,
-				      &a->res.imex_pending,
-				      a->res.step_cgroup,
-				      (int)sizeof(a->res.step_cgroup), err, errlen);
-		break;
-	case CALL_STEP_END:
-		a->rc = go.step_end(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
-				    c->step_id, err, errlen);
-		break;
-	case CALL_STEP_CHANNEL:
-		a->rc = go.step_channel(MUT(cfg->socket), timeout_ms(cfg), c->job_id,
-					c->step_id, &a->res.has_channel,
-					&a->res.channel, err, errlen);
-		break;
-	case CALL_SPOOL:
-		a->rc = go.spool_failopen(MUT(cfg->spool), c->job_id, MUT(c->str),
-					  c->uid, MUT(c->str2), err, errlen);
-		break;
-	}
+	a->rc = go.spool_failopen(MUT(c->cfg->spool), c->job_id, MUT(c->step),
+				  c->uid, MUT(c->reason), a->err,
+				  (int)sizeof(a->err));
 }
 
 static long long now_ms(void)
@@ -199,6 +144,7 @@ static int isolated(const struct call *c, struct answer *a, char *err,
 		_exit(0);
 	}
 	close(fds[1]);
+	/* A spool line takes no agent; the budget of one call bounds it. */
 	deadline = now_ms() + c->cfg->timeout_s * 1500LL + 1000;
 	while (got < sizeof(*a)) {
 		struct pollfd pfd = { .fd = fds[0], .events = POLLIN };
@@ -231,77 +177,16 @@ static int isolated(const struct call *c, struct answer *a, char *err,
 		return GPUFENCE_E_UNREACHABLE;
 	}
 	a->err[sizeof(a->err) - 1] = 0;
-	a->res.step_cgroup[sizeof(a->res.step_cgroup) - 1] = 0;
 	if (a->rc != GPUFENCE_OK)
 		snprintf(err, errlen, "%s", a->err);
 	return a->rc;
-}
-
-int gf_go_job_prolog(const struct gf_config *cfg, uint32_t job_id, uint32_t uid,
-		     const char *job_gpus, char *err, size_t errlen)
-{
-	struct call c = { .kind = CALL_PROLOG, .cfg = cfg, .job_id = job_id, .uid = uid, .str = job_gpus };
-	struct answer a;
-
-	return isolated(&c, &a, err, errlen);
-}
-
-int gf_go_job_epilog(const struct gf_config *cfg, uint32_t job_id, char *err,
-		     size_t errlen)
-{
-	struct call c = { .kind = CALL_EPILOG, .cfg = cfg, .job_id = job_id };
-	struct answer a;
-
-	return isolated(&c, &a, err, errlen);
-}
-
-int gf_go_step_start(const struct gf_config *cfg, uint32_t job_id,
-		     uint32_t step_id, uint32_t uid, const char *step_gpus,
-		     const int32_t *pids, int npids, struct gf_step_result *res,
-		     char *err, size_t errlen)
-{
-	struct call c = { .kind = CALL_STEP_START, .cfg = cfg, .job_id = job_id, .step_id = step_id,
-			  .uid = uid, .str = step_gpus, .pids = pids, .npids = npids };
-	struct answer a;
-	int rc = isolated(&c, &a, err, errlen);
-
-	memset(res, 0, sizeof(*res));
-	if (rc == GPUFENCE_OK)
-		*res = a.res;
-	return rc;
-}
-
-int gf_go_step_end(const struct gf_config *cfg, uint32_t job_id,
-		   uint32_t step_id, char *err, size_t errlen)
-{
-	struct call c = { .kind = CALL_STEP_END, .cfg = cfg, .job_id = job_id, .step_id = step_id };
-	struct answer a;
-
-	return isolated(&c, &a, err, errlen);
-}
-
-int gf_go_step_channel(const struct gf_config *cfg, uint32_t job_id,
-		       uint32_t step_id, struct gf_step_result *res, char *err,
-		       size_t errlen)
-{
-	struct call c = { .kind = CALL_STEP_CHANNEL, .cfg = cfg, .job_id = job_id, .step_id = step_id };
-	struct answer a;
-	int rc = isolated(&c, &a, err, errlen);
-
-	res->has_channel = 0;
-	res->channel = 0;
-	if (rc == GPUFENCE_OK) {
-		res->has_channel = a.res.has_channel;
-		res->channel = a.res.channel;
-	}
-	return rc;
 }
 
 int gf_go_spool_failopen(const struct gf_config *cfg, uint32_t job_id,
 			 const char *step, uint32_t uid, const char *reason,
 			 char *err, size_t errlen)
 {
-	struct call c = { .kind = CALL_SPOOL, .cfg = cfg, .job_id = job_id, .uid = uid, .str = step, .str2 = reason };
+	struct call c = { .cfg = cfg, .job_id = job_id, .uid = uid, .step = step, .reason = reason };
 	struct answer a;
 
 	return isolated(&c, &a, err, errlen);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "args.h"
+#include "client.h"
 #include "golib.h"
 #include "log.h"
 
@@ -41,8 +42,9 @@ int gf_job_prolog(spank_t sp, int ac, char **av)
 	 * slurmd builds this environment from the job credential: the only
 	 * GPU list a user cannot forge. Unset means a CPU-only job.
 	 */
-	rc = gf_go_job_prolog(&cfg, job_id, uid, getenv("SLURM_JOB_GPUS"),
-			      reason, sizeof(reason));
+	rc = gf_client_job_prolog(cfg.socket, cfg.timeout_s * 1000, job_id, uid,
+				  getenv("SLURM_JOB_GPUS"), reason,
+				  sizeof(reason));
 	if (rc != GPUFENCE_OK) {
 		gf_describe_failure(&cfg, rc, reason, msg, sizeof(msg));
 		gf_error("job %u prolog: %s; the job's steps will get no GPU",
@@ -66,7 +68,8 @@ int gf_job_epilog(spank_t sp, int ac, char **av)
 		gf_error("job epilog: cannot read the job id from Slurm");
 		return 0;
 	}
-	rc = gf_go_job_epilog(&cfg, job_id, reason, sizeof(reason));
+	rc = gf_client_job_epilog(cfg.socket, cfg.timeout_s * 1000, job_id,
+				  reason, sizeof(reason));
 	if (rc != GPUFENCE_OK) {
 		gf_describe_failure(&cfg, rc, reason, msg, sizeof(msg));
 		gf_error("job %u epilog: %s", job_id, msg);

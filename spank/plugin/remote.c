@@ -14,6 +14,7 @@
 #include <slurm/slurm.h>
 
 #include "args.h"
+#include "client.h"
 #include "golib.h"
 #include "log.h"
 #include "renumber.h"
@@ -94,6 +95,11 @@ static void step_name(uint32_t step_id, char *buf, size_t len)
 	}
 }
 
+static int timeout_ms(void)
+{
+	return stash.cfg.timeout_s * 1000;
+}
+
 static bool is_batch(spank_t sp)
 {
 	uint32_t step_id;
@@ -154,10 +160,11 @@ int gf_remote_init(spank_t sp, int ac, char **av)
 	 * timeouts are all the step waits (1.5 x timeout at most); a failure
 	 * here is the step's verdict, not tried again by later callbacks.
 	 */
-	rc = gf_go_step_start(&stash.cfg, job_id, step_id, uid,
-			      job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
-			      NULL, 0, &stash.res, stash.cause,
-			      sizeof(stash.cause));
+	rc = gf_client_step_start(stash.cfg.socket, timeout_ms(), job_id,
+				  step_id, uid,
+				  job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
+				  NULL, 0, &stash.res, stash.cause,
+				  sizeof(stash.cause));
 	if (rc != GPUFENCE_OK) {
 		stash.rc = rc;
 		gf_describe_failure(&stash.cfg, rc, stash.cause, msg,
@@ -250,8 +257,8 @@ static int imex_channel(uint32_t job_id, uint32_t step_id, const char *step,
 		return 0;
 	if (gate && __atomic_exchange_n(&gate->imex_asked, 1, __ATOMIC_SEQ_CST))
 		return 0; /* an earlier task's post_fork asked; a failure refused the step */
-	rc = gf_go_step_channel(&stash.cfg, job_id, step_id, &stash.res, reason,
-				sizeof(reason));
+	rc = gf_client_step_channel(stash.cfg.socket, timeout_ms(), job_id,
+				    step_id, &stash.res, reason, sizeof(reason));
 	if (rc != GPUFENCE_OK) {
 		char why[GPUFENCE_ERR_LEN * 2];
 
@@ -310,9 +317,10 @@ int gf_remote_task_post_fork(spank_t sp)
 		/* An agent too old to name the step's cgroup checks the task. */
 		step_name(step_id, step, sizeof(step));
 		pids[0] = (int32_t)pid;
-		rc = gf_go_step_start(&stash.cfg, job_id, step_id, uid,
-				      job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
-				      pids, 1, &res, reason, sizeof(reason));
+		rc = gf_client_step_start(stash.cfg.socket, timeout_ms(), job_id,
+					  step_id, uid,
+					  job_env(sp, "SLURM_STEP_GPUS", env, sizeof(env)),
+					  pids, 1, &res, reason, sizeof(reason));
 		if (rc == GPUFENCE_OK) {
 			if (gate)
 				__atomic_add_fetch(&gate->confirmed, 1, __ATOMIC_SEQ_CST);

@@ -159,12 +159,16 @@ func TestFailOpenStillRefuses(t *testing.T) {
 	}
 }
 
-// Only an unreachable agent opens: a missing client library does not.
-func TestFailOpenNeedsTheClient(t *testing.T) {
+// Without the Go library the spool cannot be written: as with any spool
+// that cannot be written, the step runs under failure=open and the log says
+// why its record is missing.
+func TestFailOpenWithoutGoLibrary(t *testing.T) {
 	spool := filepath.Join(t.TempDir(), "failopen.jsonl")
-	lines := slurm(t, stepEnv(), "remote", stepSequence, "golib=/nonexistent/spank_gpufence_go.so",
-		"failure=open", "spool="+spool)
-	if !has(lines, "rc task_init -1") || hasPrefix(lines, "error: gpufence: agent unreachable") {
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+fakeagent.AbsentSocket(t),
+		"golib=/nonexistent/spank_gpufence_go.so", "failure=open", "spool="+spool)
+	if !has(lines, "rc task_init 0") ||
+		!hasPrefix(lines, "error: gpufence: job 7 step 2: cannot record the step that runs WITHOUT GPU isolation in "+spool+
+			" (/nonexistent/spank_gpufence_go.so: cannot open shared object file") {
 		t.Errorf("missing library under failure=open: %q", lines)
 	}
 	if got := spoolLines(t, spool); got != nil {

@@ -327,11 +327,17 @@ func TestAgentRefusalReachesUser(t *testing.T) {
 	}
 }
 
-func TestMissingGoLibraryRefusesStep(t *testing.T) {
-	lines := slurm(t, stepEnv(), "remote", stepSequence, "golib=/nonexistent/spank_gpufence_go.so")
-	if !has(lines, "rc task_init -1") ||
-		!hasPrefix(lines, "error: gpufence: cannot load the gpufence client library /nonexistent/spank_gpufence_go.so (/nonexistent/spank_gpufence_go.so: cannot open shared object file") {
-		t.Errorf("load failure not reported: %q", lines)
+// The exchanges with the agent are C: a step needs no Go library, and
+// loads none (only failure=open's spool line does).
+func TestStepNeedsNoGoLibrary(t *testing.T) {
+	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response { return &pb.Response{Gpus: []uint32{1, 3}} })
+	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket, "golib=/nonexistent/spank_gpufence_go.so")
+	if !has(lines, "rc task_init 0") || !has(lines, "env CUDA_VISIBLE_DEVICES=1") || !has(lines, "golib mapped 0") ||
+		hasPrefix(lines, "error:") {
+		t.Errorf("step without the Go library: %q", lines)
+	}
+	if n := len(a.Requests()); n != 2 {
+		t.Errorf("agent got %d requests, want init's and post_fork's", n)
 	}
 }
 

@@ -1,0 +1,1 @@
+../../goclient/goclient.h
