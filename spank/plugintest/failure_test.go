@@ -203,3 +203,45 @@ func TestFailClosedExplicit(t *testing.T) {
 		t.Errorf("spooled %q", got)
 	}
 }
+
+// The exchanges run inside slurmstepd and the prolog process: whatever the
+// agent does, the plugin leaves no descriptor open behind it (each would
+// also be inherited by nothing, CLOEXEC, but would stay for the process's
+// life).
+func TestExchangesLeaveNoDescriptor(t *testing.T) {
+	answering := fakeagent.Start(t, func(*pb.Request) *pb.Response { return &pb.Response{Gpus: []uint32{1}} })
+	refusing := fakeagent.Start(t, func(*pb.Request) *pb.Response { return &pb.Response{Error: "no"} })
+	hangingUp := fakeagent.Start(t, func(*pb.Request) *pb.Response { return fakeagent.HangUp })
+	silent := fakeagent.Start(t, func(*pb.Request) *pb.Response { return nil })
+	for _, tt := range []struct {
+		name, socket string
+	}{
+		{"answering", answering.Socket},
+		{"refusing", refusing.Socket},
+		{"hanging up (two tries)", hangingUp.Socket},
+		{"silent (two tries, timeout)", silent.Socket},
+		{"absent (two tries)", fakeagent.AbsentSocket(t)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for ctx, steps := range map[string][]string{
+				"remote":     {"fds", "init", "fds"},
+				"job_script": {"fds", "job_prolog", "job_epilog", "fds"},
+			} {
+				env := stepEnv()
+				if ctx == "job_script" {
+					env = []string{"FAKE_JOB_ID=9", "FAKE_UID=2001", "SLURM_JOB_GPUS=0,2"}
+				}
+				lines := slurm(t, env, ctx, steps, "socket="+tt.socket, "timeout=1")
+				var fds []string
+				for _, l := range lines {
+					if strings.HasPrefix(l, "fds ") {
+						fds = append(fds, l)
+					}
+				}
+				if len(fds) != 2 || fds[0] != fds[1] || fds[0] == "fds -1" {
+					t.Errorf("%s: descriptors before and after the exchanges: %q (all: %q)", ctx, fds, lines)
+				}
+			}
+		})
+	}
+}

@@ -14,6 +14,7 @@
  * prefixed JOB_. S_TASK_PID is the last forked child, else unavailable.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -171,6 +172,22 @@ static int golib_mapped(void)
 	return found;
 }
 
+/* How many descriptors the process has open (the one that counts not included). */
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - 1;
+}
+
 static int release_fd = -1;
 
 int main(int argc, char **argv)
@@ -208,6 +225,10 @@ int main(int argc, char **argv)
 		spank_f *fn;
 		int rc;
 
+		if (!strcmp(step, "fds")) {
+			printf("fds %d\n", open_fds());
+			continue;
+		}
 		if (!strcmp(step, "maps")) {
 			printf("golib mapped %d\n", golib_mapped());
 			continue;
