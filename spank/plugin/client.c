@@ -45,6 +45,10 @@ enum { WT_VARINT = 0, WT_FIXED64 = 1, WT_BYTES = 2, WT_SGROUP = 3, WT_EGROUP = 4
 
 /* --- encoding --- */
 
+/*
+ * Where put_* write: p with room for cap bytes, or nowhere (p NULL), only
+ * counting len, to learn a message's size before its length is written.
+ */
 struct out {
 	uint8_t *p;
 	size_t len, cap;
@@ -53,7 +57,9 @@ struct out {
 
 static void put_byte(struct out *o, uint8_t c)
 {
-	if (o->len < o->cap)
+	if (!o->p)
+		o->len++;
+	else if (o->len < o->cap)
 		o->p[o->len++] = c;
 	else
 		o->full = true;
@@ -108,81 +114,99 @@ static void put_opt_string(struct out *o, int num, const char *s)
 		put_bytes(o, num, s, strlen(s));
 }
 
-/*
- * The frame around the inner message msg of the oneof field num: the
- * body's length, the version, the message. -1 when it does not fit.
- */
-static int frame(uint8_t *buf, size_t cap, int num, const struct out *msg)
-{
-	struct out o = { .p = buf, .cap = cap < GF_MAX_FRAME ? cap : GF_MAX_FRAME };
-	size_t body;
+/* One request: the oneof field num and what its message holds. */
+struct req {
+	int num;
+	uint32_t job_id, step_id, uid;
+	const char *gpus; /* job_gpus or step_gpus; NULL: unset */
+	const uint32_t *pids;
+	int npids;
+};
 
-	if (msg->full)
-		return -1;
-	body = 2 /* version: tag 0x08, 1 */ + varint_len((uint64_t)num << 3) +
-	       varint_len(msg->len) + msg->len;
-	put_varint(&o, body);
-	put_uint(&o, F_REQUEST_VERSION, PROTOCOL_VERSION_1);
-	put_bytes(&o, num, msg->p, msg->len);
-	return o.full ? -1 : (int)o.len;
+/* The inner message of r. */
+static void put_msg(struct out *o, const struct req *r)
+{
+	put_uint(o, F_JOB_ID, r->job_id);
+	switch (r->num) {
+	case F_REQUEST_JOB_PROLOG:
+		put_uint(o, F_UID, r->uid);
+		put_opt_string(o, F_JOB_GPUS, r->gpus);
+		break;
+	case F_REQUEST_STEP_START:
+		put_uint(o, F_STEP_ID, r->step_id);
+		put_uint(o, F_STEP_UID, r->uid);
+		put_opt_string(o, F_STEP_GPUS, r->gpus);
+		if (r->npids > 0) {
+			size_t n = 0;
+
+			for (int i = 0; i < r->npids; i++)
+				n += varint_len(r->pids[i]);
+			put_tag(o, F_TASK_PIDS, WT_BYTES); /* packed */
+			put_varint(o, n);
+			for (int i = 0; i < r->npids; i++)
+				put_varint(o, r->pids[i]);
+		}
+		break;
+	case F_REQUEST_STEP_CHANNEL:
+		put_uint(o, F_STEP_ID, r->step_id);
+		break;
+	}
 }
 
-/* The inner message goes into scratch of its own, as big as a frame. */
-#define MSG_BEGIN(name)                                                    \
-	uint8_t *name##_buf = malloc(GF_MAX_FRAME);                        \
-	struct out name = { .p = name##_buf, .cap = GF_MAX_FRAME };        \
-	int name##_rc;                                                     \
-	if (!name##_buf)                                                   \
-		return -1
-#define MSG_END(name, num)                                                 \
-	(name##_rc = frame(buf, cap, num, &name), free(name##_buf), name##_rc)
+/*
+ * Writes r framed into buf: the body's length, the version, the inner
+ * message. -1 when it does not fit in cap or GF_MAX_FRAME.
+ */
+static int frame(uint8_t *buf, size_t cap, const struct req *r)
+{
+	struct out o = { .p = buf, .cap = cap < GF_MAX_FRAME ? cap : GF_MAX_FRAME };
+	struct out m = { 0 };
+	size_t body;
+
+	put_msg(&m, r); /* counts only */
+	body = 2 /* version: tag 0x08, 1 */ + varint_len((uint64_t)r->num << 3) +
+	       varint_len(m.len) + m.len;
+	if (body > GF_MAX_FRAME)
+		return -1;
+	put_varint(&o, body);
+	put_uint(&o, F_REQUEST_VERSION, PROTOCOL_VERSION_1);
+	put_tag(&o, r->num, WT_BYTES);
+	put_varint(&o, m.len);
+	put_msg(&o, r);
+	return o.full ? -1 : (int)o.len;
+}
 
 int gf_wire_job_prolog(uint8_t *buf, size_t cap, uint32_t job_id, uint32_t uid,
 		       const char *job_gpus)
 {
-	MSG_BEGIN(m);
-	put_uint(&m, F_JOB_ID, job_id);
-	put_uint(&m, F_UID, uid);
-	put_opt_string(&m, F_JOB_GPUS, job_gpus);
-	return MSG_END(m, F_REQUEST_JOB_PROLOG);
+	struct req r = { .num = F_REQUEST_JOB_PROLOG, .job_id = job_id, .uid = uid, .gpus = job_gpus };
+
+	return frame(buf, cap, &r);
 }
 
 int gf_wire_job_epilog(uint8_t *buf, size_t cap, uint32_t job_id)
 {
-	MSG_BEGIN(m);
-	put_uint(&m, F_JOB_ID, job_id);
-	return MSG_END(m, F_REQUEST_JOB_EPILOG);
+	struct req r = { .num = F_REQUEST_JOB_EPILOG, .job_id = job_id };
+
+	return frame(buf, cap, &r);
 }
 
 int gf_wire_step_start(uint8_t *buf, size_t cap, uint32_t job_id,
 		       uint32_t step_id, uint32_t uid, const char *step_gpus,
 		       const uint32_t *pids, int npids)
 {
-	MSG_BEGIN(m);
-	put_uint(&m, F_JOB_ID, job_id);
-	put_uint(&m, F_STEP_ID, step_id);
-	put_uint(&m, F_STEP_UID, uid);
-	put_opt_string(&m, F_STEP_GPUS, step_gpus);
-	if (npids > 0) {
-		size_t n = 0;
+	struct req r = { .num = F_REQUEST_STEP_START, .job_id = job_id, .step_id = step_id,
+			 .uid = uid, .gpus = step_gpus, .pids = pids, .npids = npids };
 
-		for (int i = 0; i < npids; i++)
-			n += varint_len(pids[i]);
-		put_tag(&m, F_TASK_PIDS, WT_BYTES); /* packed */
-		put_varint(&m, n);
-		for (int i = 0; i < npids; i++)
-			put_varint(&m, pids[i]);
-	}
-	return MSG_END(m, F_REQUEST_STEP_START);
+	return frame(buf, cap, &r);
 }
 
 int gf_wire_step_channel(uint8_t *buf, size_t cap, uint32_t job_id,
 			 uint32_t step_id)
 {
-	MSG_BEGIN(m);
-	put_uint(&m, F_JOB_ID, job_id);
-	put_uint(&m, F_STEP_ID, step_id);
-	return MSG_END(m, F_REQUEST_STEP_CHANNEL);
+	struct req r = { .num = F_REQUEST_STEP_CHANNEL, .job_id = job_id, .step_id = step_id };
+
+	return frame(buf, cap, &r);
 }
 
 /* --- decoding --- */
