@@ -29,9 +29,7 @@ struct answer {
 	char err[GPUFENCE_ERR_LEN];
 };
 
-static struct {
-	gpufence_spool_failopen_fn spool_failopen;
-} go;
+static gpufence_spool_failopen_fn spool_failopen;
 
 /* In the child: load and check the library. */
 static int load(const char *path, char *err, size_t errlen)
@@ -47,9 +45,9 @@ static int load(const char *path, char *err, size_t errlen)
 		return GF_E_LOAD;
 	}
 	abi = (gpufence_abi_version_fn)dlsym(h, "gpufence_abi_version");
-	go.spool_failopen = (gpufence_spool_failopen_fn)dlsym(
+	spool_failopen = (gpufence_spool_failopen_fn)dlsym(
 		h, "gpufence_spool_failopen");
-	if (!abi || !go.spool_failopen) {
+	if (!abi || !spool_failopen) {
 		snprintf(err, errlen, "%.400s: not a gpufence client library", path);
 		return GF_E_LOAD;
 	}
@@ -79,7 +77,7 @@ static void run(const struct call *c, struct answer *a)
 	a->rc = load(c->cfg->golib, a->err, sizeof(a->err));
 	if (a->rc)
 		return;
-	a->rc = go.spool_failopen(MUT(c->cfg->spool), c->job_id, MUT(c->step),
+	a->rc = spool_failopen(MUT(c->cfg->spool), c->job_id, MUT(c->step),
 				  c->uid, MUT(c->reason), a->err,
 				  (int)sizeof(a->err));
 }
