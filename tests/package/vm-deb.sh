@@ -22,38 +22,13 @@ check() { # check OUTPUT DEVICE WANT
 	grep -q "^$2 $3\$" <<<"$1" || bad "$2 is not $3"
 }
 uname -r; echo "PID1: $(cat /proc/1/comm)"
-for i in 0 1 2 3; do mknod -m 666 /dev/nvidia$i c 195 $i; done
-mknod -m 666 /dev/nvidiactl c 195 255
-useradd -m -u 2001 alice
+. /host/fake-node.sh
+fake_gpu_node
 install -m 0755 /host/gf-open /usr/local/bin/gf-open
-CPUS=$(nproc); MEM=$(( $(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 - 300 ))
-cat > /etc/slurm/slurm.conf <<EOC
-ClusterName=vmtest
-SlurmctldHost=vmnode
-SlurmUser=slurm
-AuthType=auth/munge
-StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
-ProctrackType=proctrack/cgroup
-TaskPlugin=task/cgroup,task/affinity
-PrologFlags=Contain
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-GresTypes=gpu
-ReturnToService=2
-MpiDefault=none
-NodeName=vmnode CPUs=$CPUS RealMemory=$MEM Gres=gpu:4 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOC
-echo 'Name=gpu File=/dev/nvidia[0-3]' > /etc/slurm/gres.conf
-printf 'CgroupPlugin=cgroup/v2\nConstrainDevices=no\n' > /etc/slurm/cgroup.conf
 # Debian's own plugstack.conf, which includes plugstack.conf.d/*.conf.
 echo "plugstack.conf: $(cat /etc/slurm/plugstack.conf)"
 grep -q '^include /etc/slurm/plugstack.conf.d/\*.conf' /etc/slurm/plugstack.conf ||
 	echo 'include /etc/slurm/plugstack.conf.d/*.conf' > /etc/slurm/plugstack.conf
-mkdir -p /var/log/slurm && chown slurm:slurm /var/log/slurm
 systemctl start munge slurmctld slurmd
 
 echo "== dpkg -i"

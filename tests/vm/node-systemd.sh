@@ -14,35 +14,9 @@ check() { # check OUTPUT DEVICE WANT
 uname -r; echo "PID1: $(cat /proc/1/comm)"
 install -d /usr/lib/gpufence
 install -m 0755 /host/gpufence /host/spank_gpufence.so /host/spank_gpufence_go.so /host/gf-open /usr/lib/gpufence/
-for i in 0 1 2 3; do mknod -m 666 /dev/nvidia$i c 195 $i; done
-mknod -m 666 /dev/nvidiactl c 195 255
-useradd -m -u 2001 alice
-CPUS=$(nproc); MEM=$(( $(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 - 300 ))
-cat > /etc/slurm/slurm.conf <<EOC
-ClusterName=vmtest
-SlurmctldHost=vmnode
-SlurmUser=slurm
-AuthType=auth/munge
-StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
-ProctrackType=proctrack/cgroup
-TaskPlugin=task/cgroup,task/affinity
-PrologFlags=Contain
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-GresTypes=gpu
-ReturnToService=2
-MpiDefault=none
-PlugStackConfig=/etc/slurm/plugstack.conf
-NodeName=vmnode CPUs=$CPUS RealMemory=$MEM Gres=gpu:4 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOC
-echo 'Name=gpu File=/dev/nvidia[0-3]' > /etc/slurm/gres.conf
-printf 'CgroupPlugin=cgroup/v2\nConstrainDevices=no\n' > /etc/slurm/cgroup.conf
+. /host/fake-node.sh
+fake_gpu_node PlugStackConfig=/etc/slurm/plugstack.conf
 echo 'required /usr/lib/gpufence/spank_gpufence.so' > /etc/slurm/plugstack.conf
-mkdir -p /var/log/slurm && chown slurm:slurm /var/log/slurm
 cat > /etc/systemd/system/gpufence.socket <<EOC
 [Unit]
 Description=gpufence agent socket

@@ -91,6 +91,8 @@ cleanup() { [ -n "${QPID:-}" ] && kill "$QPID" 2>/dev/null || true
             if [ "${VM_KEEP:-0}" = 1 ]; then log "run dir kept: $RUN (console.log, qemu.log, share/)"; else rm -rf "$RUN"; fi; }
 trap cleanup EXIT
 cp "$1" "$SHARE/script.sh"; shift
+# Every guest script may source the fake node's setup (guest/fake-node.sh).
+cp "$(dirname "$0")/guest/fake-node.sh" "$SHARE/fake-node.sh"
 for f in "$@"; do cp -a "$f" "$SHARE/"; done
 
 T0=$(date +%s.%N)

@@ -71,39 +71,13 @@ wait_started() {
 }
 
 uname -r; echo "PID1: $(cat /proc/1/comm)"; echo "mode: $MODE"
-for i in 0 1 2 3; do mknod -m 666 /dev/nvidia$i c 195 $i; done
-mknod -m 666 /dev/nvidiactl c 195 255
-useradd -m -u 2001 alice
+. /host/fake-node.sh
+# Emulated guest: srun's launch RPC to a busy slurmd takes longer than 10 s.
+fake_gpu_node MessageTimeout=60
 install -m 0755 /host/gf-open /host/upgradecheck /usr/local/bin/
 install -d -o alice /srv/up
-CPUS=$(nproc); MEM=$(( $(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 - 300 ))
-cat > /etc/slurm/slurm.conf <<EOC
-ClusterName=vmtest
-SlurmctldHost=vmnode
-SlurmUser=slurm
-AuthType=auth/munge
-StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
-ProctrackType=proctrack/cgroup
-TaskPlugin=task/cgroup,task/affinity
-PrologFlags=Contain
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-GresTypes=gpu
-ReturnToService=2
-# Emulated guest: srun's launch RPC to a busy slurmd takes longer than 10 s.
-MessageTimeout=60
-MpiDefault=none
-NodeName=vmnode CPUs=$CPUS RealMemory=$MEM Gres=gpu:4 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOC
-echo 'Name=gpu File=/dev/nvidia[0-3]' > /etc/slurm/gres.conf
-printf 'CgroupPlugin=cgroup/v2\nConstrainDevices=no\n' > /etc/slurm/cgroup.conf
 grep -q '^include /etc/slurm/plugstack.conf.d/\*.conf' /etc/slurm/plugstack.conf 2>/dev/null ||
 	echo 'include /etc/slurm/plugstack.conf.d/*.conf' > /etc/slurm/plugstack.conf
-mkdir -p /var/log/slurm && chown slurm:slurm /var/log/slurm
 systemctl start munge slurmctld slurmd
 
 # Every step of a burst: its output (gf-open -env) and "RC START END".
