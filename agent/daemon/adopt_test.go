@@ -162,7 +162,7 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 	tr.expect(j10)
 	tr.expect(j8, 0, 1, 2, 3) // audit-only: opens, each audited
 
-	recs := tr.rec.records(audit.EventJobAdopted)
+	recs := tr.rec.Records(audit.EventJobAdopted)
 	if r, ok := adoptedRecord(recs, 7); !ok || r.Severity != audit.SeverityInfo || !slices.Equal(r.GPUs, []int{1}) || r.UID == nil || *r.UID != 1000 {
 		t.Errorf("job 7's job_adopted record: %+v (found %v)", r, ok)
 	}
@@ -187,7 +187,7 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 	for {
 		d.flush()
 		var found bool
-		for _, r := range tr.rec.records(audit.EventGPUAccess) {
+		for _, r := range tr.rec.Records(audit.EventGPUAccess) {
 			if r.JobID == 8 && r.Decision == audit.DecisionWouldDeny {
 				found = true
 			}
@@ -196,7 +196,7 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no would-deny record of job 8: %+v", tr.rec.records(audit.EventGPUAccess))
+			t.Fatalf("no would-deny record of job 8: %+v", tr.rec.Records(audit.EventGPUAccess))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -219,7 +219,7 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 	if j, _, _ := d.job(8); j.Unconfirmed != "" || !slices.Equal(j.GPUs, []int{3}) {
 		t.Errorf("job 8 after slurmctld confirmed it: %+v", j)
 	}
-	if n := len(tr.rec.records(audit.EventJobAdopted)); n != len(recs)+1 {
+	if n := len(tr.rec.Records(audit.EventJobAdopted)); n != len(recs)+1 {
 		t.Errorf("%d job_adopted records after the confirmation, want %d", n, len(recs)+1)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/audit/audittest"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/peer"
@@ -51,7 +51,7 @@ func init() {
 }
 
 type tree struct {
-	rec               *memRecorder
+	rec               *audittest.Recorder
 	ctld              *fakeCtld
 	t                 *testing.T
 	root, scope, gres string
@@ -76,7 +76,7 @@ func newTree(t *testing.T) *tree {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := &tree{t: t, rec: &memRecorder{}, ctld: &fakeCtld{}, root: root, scope: filepath.Join(root, "system.slice", "tn_slurmstepd.scope"), dev: t.TempDir()}
+	tr := &tree{t: t, rec: &audittest.Recorder{}, ctld: &fakeCtld{}, root: root, scope: filepath.Join(root, "system.slice", "tn_slurmstepd.scope"), dev: t.TempDir()}
 	t.Cleanup(tr.remove)
 	for _, d := range []string{"system", "slurmd"} {
 		tr.mkdir(d)
@@ -205,47 +205,6 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 type logBuffer struct{ strings.Builder }
 
-// memRecorder keeps the audit records the daemon emits.
-type memRecorder struct {
-	mu   sync.Mutex
-	recs []audit.Record
-	lost uint64
-	// rateFull sums ReportRateFull.
-	rateFull uint64
-}
-
-func (m *memRecorder) Emit(r audit.Record) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.recs = append(m.recs, r)
-}
-
-func (m *memRecorder) ReportLoss(n uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.lost += n
-}
-
-func (m *memRecorder) ReportRateFull(byDecision map[string]uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, n := range byDecision {
-		m.rateFull += n
-	}
-}
-
-func (m *memRecorder) records(ev audit.Event) []audit.Record {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []audit.Record
-	for _, r := range m.recs {
-		if r.Event == ev {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 func call(d *Daemon, pid int, msg any) *pb.Response {
 	req := &pb.Request{Version: pb.ProtocolVersion_PROTOCOL_VERSION_1}
 	switch m := msg.(type) {
@@ -314,7 +273,7 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 	var denied []audit.Record
 	for time.Now().Before(deadline) {
 		denied = nil
-		for _, r := range tr.rec.records(audit.EventGPUAccess) {
+		for _, r := range tr.rec.Records(audit.EventGPUAccess) {
 			if r.JobID == 1 && r.Decision == audit.DecisionDenied {
 				denied = append(denied, r)
 			}
@@ -333,7 +292,7 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 			t.Errorf("badly attributed record: %+v", r)
 		}
 	}
-	if n := len(tr.rec.records(audit.EventPolicyApplied)); n != 4 {
+	if n := len(tr.rec.Records(audit.EventPolicyApplied)); n != 4 {
 		t.Errorf("%d policy_applied records, want 4", n)
 	}
 	tr.expect(batch2, 0, 1)
@@ -374,10 +333,10 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 	call(d, 0, &pb.JobEpilog{JobId: 1})
 	steps, exempt := d.owned()
 	jobs := len(d.reg.Jobs())
-	if n := len(tr.rec.records(audit.EventPolicyReleased)); n != 4 {
+	if n := len(tr.rec.Records(audit.EventPolicyReleased)); n != 4 {
 		t.Errorf("%d policy_released records, want 4", n)
 	}
-	if n := len(tr.rec.records(audit.EventLookupFailed)); n != 1 {
+	if n := len(tr.rec.Records(audit.EventLookupFailed)); n != 1 {
 		t.Errorf("%d lookup_failed records, want 1 (the foreign task pid)", n)
 	}
 	if steps != 0 || jobs != 1 {

@@ -207,7 +207,7 @@ func TestPrivilegedIMEXStepChannel(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var n int
-		for _, r := range tr.rec.records(audit.EventGPUAccess) {
+		for _, r := range tr.rec.Records(audit.EventGPUAccess) {
 			if r.JobID == 1 && r.Decision == audit.DecisionDenied && r.Device != nil && r.Device.Major == major && r.Device.Minor == 3 {
 				n++
 				if r.Device.Kind != audit.DeviceIMEXChannel || r.Device.Path != "/dev/nvidia-caps-imex-channels/channel3" {
@@ -219,7 +219,7 @@ func TestPrivilegedIMEXStepChannel(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no denied record of job 1 opening channel 3: %+v", tr.rec.records(audit.EventGPUAccess))
+			t.Fatalf("no denied record of job 1 opening channel 3: %+v", tr.rec.Records(audit.EventGPUAccess))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

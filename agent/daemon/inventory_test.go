@@ -117,7 +117,7 @@ func TestPrivilegedInventoryMismatchFailsClosed(t *testing.T) {
 	if r := call(d, stepd1, &pb.StepStart{JobId: 1, StepId: 0, Uid: 1000, StepGpus: ptr("1")}); !strings.Contains(r.Error, "does not match the NVIDIA driver") {
 		t.Errorf("GPU step with an untrusted table: %+v", r)
 	}
-	mism := tr.rec.records(audit.EventGPUTableMismatch)
+	mism := tr.rec.Records(audit.EventGPUTableMismatch)
 	if len(mism) == 0 || mism[0].Severity != audit.SeverityError || !strings.Contains(mism[0].Error, "count") {
 		t.Errorf("gpu_table_mismatch records: %+v, want an error one for the count", mism)
 	}
@@ -138,7 +138,7 @@ func TestPrivilegedInventoryMismatchFailsClosed(t *testing.T) {
 	tr.expect(task, 1)
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		for _, rec := range tr.rec.records(audit.EventGPUAccess) {
+		for _, rec := range tr.rec.Records(audit.EventGPUAccess) {
 			if rec.JobID == 1 && rec.Decision == audit.DecisionDenied && rec.GPU != nil && rec.GPU.Index == 0 {
 				if want := nvmlGPUs(1)[0].UUID; rec.GPU.UUID != want {
 					t.Fatalf("denied record GPU %+v, want UUID %s", rec.GPU, want)

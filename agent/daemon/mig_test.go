@@ -146,7 +146,7 @@ func testDaemonMIG(t *testing.T, mode devfilter.Mode) {
 	d.flush()
 	var rec *audit.Record
 	for deadline := time.Now().Add(5 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		for _, r := range tr.rec.records(audit.EventGPUAccess) {
+		for _, r := range tr.rec.Records(audit.EventGPUAccess) {
 			if r.JobID == 1 && r.Decision == audit.DecisionDenied && r.Device.Major == migCapsMajor && r.Device.Minor == 156 {
 				rec = &r
 				break
@@ -161,7 +161,7 @@ func testDaemonMIG(t *testing.T, mode devfilter.Mode) {
 		t.Errorf("caps denial attributed as %+v gpu %+v device %+v", rec.Message, rec.GPU, rec.Device)
 	}
 	var cfgRec *audit.Record
-	for _, r := range tr.rec.records(audit.EventGPUAccess) {
+	for _, r := range tr.rec.Records(audit.EventGPUAccess) {
 		if r.JobID == 1 && r.Device.Major == migCapsMajor && r.Device.Minor == 1 {
 			cfgRec = &r
 		}

@@ -85,7 +85,7 @@ func TestPrivilegedAuditBooksAcrossRestart(t *testing.T) {
 	}
 	var accounted uint64
 	for _, ev := range []audit.Event{audit.EventGPUAccess, audit.EventAccessSuppressed} {
-		for _, r := range tr.rec.records(ev) {
+		for _, r := range tr.rec.Records(ev) {
 			if r.Device == nil || r.Device.Minor != 1 || r.JobID != 1 || r.Decision != "denied" {
 				continue
 			}
@@ -95,7 +95,7 @@ func TestPrivilegedAuditBooksAcrossRestart(t *testing.T) {
 			}
 		}
 	}
-	if accounted != 21 || tr.rec.lost != 0 {
-		t.Errorf("denied opens of nvidia1 in the audit trail: %d (lost %d), want 21 (12 with the first agent, 9 with none)", accounted, tr.rec.lost)
+	if accounted != 21 || tr.rec.Lost() != 0 {
+		t.Errorf("denied opens of nvidia1 in the audit trail: %d (lost %d), want 21 (12 with the first agent, 9 with none)", accounted, tr.rec.Lost())
 	}
 }

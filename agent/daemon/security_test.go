@@ -139,7 +139,7 @@ func TestPrivilegedCancelledStepsKeepTheRecord(t *testing.T) {
 		t.Fatalf("interactive step of job 1: %+v, want GPU 1 only", r)
 	}
 	tr.expect(task, 1)
-	for _, rec := range tr.rec.records(audit.EventJobWithoutProlog) {
+	for _, rec := range tr.rec.Records(audit.EventJobWithoutProlog) {
 		if rec.JobID == 1 {
 			t.Errorf("job 1 went through recovery: %+v", rec)
 		}
@@ -175,13 +175,13 @@ func TestPrivilegedRecoveryRefusesAmbiguousAnswer(t *testing.T) {
 		t.Errorf("GPU step after an ambiguous answer: %+v, want refused", r)
 	}
 	var found bool
-	for _, rec := range tr.rec.records(audit.EventJobWithoutProlog) {
+	for _, rec := range tr.rec.Records(audit.EventJobWithoutProlog) {
 		if rec.JobID == 4 && rec.Severity == audit.SeverityError && strings.Contains(rec.Message, "ambiguous") && strings.Contains(rec.Error, "JOB_GRES") {
 			found = true
 		}
 	}
 	if !found {
-		t.Errorf("no error record saying the answer was ambiguous: %+v", tr.rec.records(audit.EventJobWithoutProlog))
+		t.Errorf("no error record saying the answer was ambiguous: %+v", tr.rec.Records(audit.EventJobWithoutProlog))
 	}
 	if n := tr.ctld.calls(4); n != 1 {
 		t.Errorf("slurmctld asked %d times within the retry pause, want once", n)
@@ -215,7 +215,7 @@ func TestPrivilegedScopeRecreated(t *testing.T) {
 		name := map[bool]string{false: "first step", true: "reconcile"}[byReconcile]
 		t.Run(name, func(t *testing.T) {
 			d, _ := tr.daemon(devfilter.ModeScope)
-			before := len(tr.rec.records(audit.EventFilterReattached))
+			before := len(tr.rec.Records(audit.EventFilterReattached))
 			tr.removeJobCgroup("")
 			for _, dir := range []string{"system", "slurmd"} {
 				tr.mkdir(dir)
@@ -224,7 +224,7 @@ func TestPrivilegedScopeRecreated(t *testing.T) {
 			tr.expect(tr.mkdir("job_9/step_0/user/task_0"), 0, 1, 2, 3)
 			if byReconcile {
 				d.Reconcile()
-				if n := len(tr.rec.records(audit.EventFilterReattached)); n != before+1 {
+				if n := len(tr.rec.Records(audit.EventFilterReattached)); n != before+1 {
 					t.Fatalf("%d filter_reattached records after reconcile, want %d", n, before+1)
 				}
 				tr.expect(filepath.Join(tr.scope, "job_9/step_0/user/task_0"))
@@ -237,7 +237,7 @@ func TestPrivilegedScopeRecreated(t *testing.T) {
 			tr.expect(filepath.Join(tr.scope, "job_9/step_0/user/task_0"), 3)
 			tr.expect(tr.mkdir("job_10/step_0/user/task_0")) // no entry: fail closed
 			tr.expect(filepath.Join(tr.scope, "slurmd"), 0, 1, 2, 3)
-			recs := tr.rec.records(audit.EventFilterReattached)
+			recs := tr.rec.Records(audit.EventFilterReattached)
 			if len(recs) != before+1 {
 				t.Fatalf("%d filter_reattached records, want %d", len(recs), before+1)
 			}
@@ -331,7 +331,7 @@ func TestPrivilegedUserLookups(t *testing.T) {
 		t.Errorf("%d lookups (want 2: retried after the failure expired), %d under the registry's or the enforcer's lock (want 0)", lookups, underLock)
 	}
 	var named int
-	for _, r := range tr.rec.records(audit.EventPolicyReleased) {
+	for _, r := range tr.rec.Records(audit.EventPolicyReleased) {
 		if r.User == "alice" {
 			named++
 		}

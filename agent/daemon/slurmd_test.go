@@ -128,7 +128,7 @@ func TestPrivilegedSlurmdTableAutoDetect(t *testing.T) {
 	if err != nil || st.GPUTable == nil || st.GPUTable.Source != "slurmd -G" || len(st.GPUTable.GPUs) != 4 || st.GPUTable.GPUs[0].Files[0] != tr.dev+"/nvidia2" {
 		t.Fatalf("state file gpu_table: %+v, %v", st, err)
 	}
-	if recs := tr.rec.records(audit.EventGPUTableMismatch); len(recs) != 0 {
+	if recs := tr.rec.Records(audit.EventGPUTableMismatch); len(recs) != 0 {
 		t.Errorf("audit records for a table whose sources agree: %+v", recs)
 	}
 }
@@ -163,7 +163,7 @@ func TestPrivilegedSlurmdTableDisagrees(t *testing.T) {
 			if r, _ := n.step(d, 2, ""); r.Error != "" {
 				t.Errorf("CPU-only step: %s", r.Error)
 			}
-			recs := tr.rec.records(audit.EventGPUTableMismatch)
+			recs := tr.rec.Records(audit.EventGPUTableMismatch)
 			if len(recs) != 1 || recs[0].Severity != audit.SeverityError || !strings.HasPrefix(recs[0].Error, tc.kind+": ") {
 				t.Errorf("gpu_table_mismatch records %+v, want one error of kind %s", recs, tc.kind)
 			}
@@ -204,7 +204,7 @@ func TestPrivilegedSlurmdTableReload(t *testing.T) {
 	if !strings.Contains(r.Error, want) {
 		t.Fatalf("GPU step after the change: %+v, want %q", r, want)
 	}
-	if recs := tr.rec.records(audit.EventGPUTableMismatch); len(recs) != 1 || !strings.HasPrefix(recs[0].Error, "table_changed: ") {
+	if recs := tr.rec.Records(audit.EventGPUTableMismatch); len(recs) != 1 || !strings.HasPrefix(recs[0].Error, "table_changed: ") {
 		t.Errorf("records %+v, want one table_changed", recs)
 	}
 	if st, _, err := statefile.Read(state); err != nil || st.GPUTable == nil || !strings.Contains(st.GPUTable.Untrusted, "changed since") {

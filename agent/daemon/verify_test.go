@@ -172,7 +172,7 @@ func testVerify(t *testing.T, mode devfilter.Mode) {
 	r := tr.verify(sock, nil)
 	tr.passes(r, mode, 0)
 	tr.sameState("verify", before, tr.state(d))
-	recs := tr.rec.records(audit.EventVerify)
+	recs := tr.rec.Records(audit.EventVerify)
 	if len(recs) != 1 || recs[0].Severity != audit.SeverityInfo || !slices.Equal(recs[0].GPUs, []int{0}) || recs[0].CgroupID == 0 ||
 		!strings.Contains(recs[0].Cgroup, handler.VerifyPrefix) || recs[0].Error != "" {
 		t.Fatalf("verify records %+v, want one info record for GPU 0", recs)
@@ -219,7 +219,7 @@ func (tr *tree) detached(d *Daemon, sock string, before kernelState, stepd *exec
 				tr.mkdir(dir)
 			}
 		}
-		n := len(tr.rec.records(audit.EventVerify))
+		n := len(tr.rec.Records(audit.EventVerify))
 		r := tr.verify(sock, nil)
 		for _, want := range []string{"filter not attached to the live scope", "GPU 1 opened though not given", "GPU 2 opened though not given",
 			"GPU 3 opened though not given", "unregistered cgroup opened a GPU"} {
@@ -235,7 +235,7 @@ func (tr *tree) detached(d *Daemon, sock string, before kernelState, stepd *exec
 				t.Errorf("%s: check %s: %+v", how, id, c)
 			}
 		}
-		recs := tr.rec.records(audit.EventVerify)
+		recs := tr.rec.Records(audit.EventVerify)
 		if len(recs) != n+1 || recs[n].Severity != audit.SeverityError || !strings.Contains(recs[n].Error, "GPU 1 opened though not given") {
 			t.Errorf("%s: verify records %+v, want an error record naming GPU 1", how, recs[n:])
 		}

@@ -10,13 +10,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/audit/audittest"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/registry"
 	"github.com/gpufence/gpufence/agent/users"
@@ -95,52 +95,12 @@ func TestCheckExe(t *testing.T) {
 	}
 }
 
-// memRecorder keeps what the stage hands on.
-type memRecorder struct {
-	mu       sync.Mutex
-	recs     []audit.Record
-	lost     uint64
-	rateFull uint64
-}
-
-func (m *memRecorder) Emit(r audit.Record) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.recs = append(m.recs, r)
-}
-
-func (m *memRecorder) ReportLoss(n uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.lost += n
-}
-
-func (m *memRecorder) ReportRateFull(by map[string]uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, n := range by {
-		m.rateFull += n
-	}
-}
-
-func (m *memRecorder) records(ev audit.Event) []audit.Record {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []audit.Record
-	for _, r := range m.recs {
-		if r.Event == ev {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 type noTable struct{}
 
 func (noTable) Of(uint32, uint32, []int) (devices.GPU, string, bool) { return devices.GPU{}, "", false }
 func (noTable) UUID(int) (string, bool)                              { return "", false }
 
-func newStage(rec *memRecorder) *Events {
+func newStage(rec *audittest.Recorder) *Events {
 	return New(Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: rec,
 		Owners: registry.New(nil, slog.New(slog.NewTextHandler(io.Discard, nil))), Table: noTable{}, Users: &users.Cache{}})
 }
@@ -149,7 +109,7 @@ func newStage(rec *memRecorder) *Events {
 // recorded escaped, in comm and in the message, and unescapes to what the
 // kernel reported.
 func TestAccessRecordEscapes(t *testing.T) {
-	e := newStage(&memRecorder{})
+	e := newStage(&audittest.Recorder{})
 	defer e.Close()
 	const comm = "\x1b[2J\x1b]0;x\x07\u009b"
 	r := e.accessRecord(devfilter.Event{Major: 195, Minor: 1, Decision: devfilter.DecisionDenied, Comm: comm}, registry.Owner{}, false, 0)
@@ -182,7 +142,7 @@ func (f *countsFilter) ForgetRate(uint64) error                           { retu
 // reaches the recorder once, as deltas by decision, on the path that never
 // drops (not as a record the full queue could drop).
 func TestFlushReportsRateFull(t *testing.T) {
-	rec := &memRecorder{}
+	rec := &audittest.Recorder{}
 	e := newStage(rec)
 	defer e.Close()
 	f := &countsFilter{full: map[devfilter.Decision]uint64{devfilter.DecisionDenied: 100, devfilter.DecisionAllowed: 3}, lost: 2}
@@ -191,10 +151,10 @@ func TestFlushReportsRateFull(t *testing.T) {
 	f.full[devfilter.DecisionWouldDeny] = 4
 	e.Flush(f)
 	e.Flush(f)
-	if rec.rateFull != 100+3+50+4 || rec.lost != 2 {
-		t.Errorf("recorder got rate_full %d and lost %d, want 157 and 2", rec.rateFull, rec.lost)
+	if rec.RateFull() != 100+3+50+4 || rec.Lost() != 2 {
+		t.Errorf("recorder got rate_full %d and lost %d, want 157 and 2", rec.RateFull(), rec.Lost())
 	}
-	if n := len(rec.records(audit.EventAccessSuppressed)); n != 0 {
+	if n := len(rec.Records(audit.EventAccessSuppressed)); n != 0 {
 		t.Errorf("%d access_suppressed records, want none (no key had a count)", n)
 	}
 }
@@ -202,21 +162,21 @@ func TestFlushReportsRateFull(t *testing.T) {
 // An adopted filter's counters were reported by the agent before: they
 // are the baseline, never reported again.
 func TestAdoptedCountersBaseline(t *testing.T) {
-	rec := &memRecorder{}
+	rec := &audittest.Recorder{}
 	e := newStage(rec)
 	defer e.Close()
 	key := devfilter.RateKey{CgroupID: 7, Major: 195, Minor: 1, Decision: devfilter.DecisionDenied}
 	f := &countsFilter{supp: map[devfilter.RateKey]uint64{key: 40}, lost: 5, full: map[devfilter.Decision]uint64{devfilter.DecisionDenied: 9}}
 	e.Read(closedSource{}, f, true)
 	e.Flush(f)
-	if rec.lost != 0 || rec.rateFull != 0 || len(rec.records(audit.EventAccessSuppressed)) != 0 {
-		t.Fatalf("adopted totals reported again: lost %d, rate_full %d, %d summaries", rec.lost, rec.rateFull, len(rec.records(audit.EventAccessSuppressed)))
+	if rec.Lost() != 0 || rec.RateFull() != 0 || len(rec.Records(audit.EventAccessSuppressed)) != 0 {
+		t.Fatalf("adopted totals reported again: lost %d, rate_full %d, %d summaries", rec.Lost(), rec.RateFull(), len(rec.Records(audit.EventAccessSuppressed)))
 	}
 	f.supp[key], f.lost, f.full[devfilter.DecisionDenied] = 43, 6, 10
 	e.Flush(f)
-	s := rec.records(audit.EventAccessSuppressed)
-	if rec.lost != 1 || rec.rateFull != 1 || len(s) != 1 || s[0].Suppressed != 3 {
-		t.Errorf("after the baseline: lost %d, rate_full %d, summaries %+v; want 1, 1 and one of 3", rec.lost, rec.rateFull, s)
+	s := rec.Records(audit.EventAccessSuppressed)
+	if rec.Lost() != 1 || rec.RateFull() != 1 || len(s) != 1 || s[0].Suppressed != 3 {
+		t.Errorf("after the baseline: lost %d, rate_full %d, summaries %+v; want 1, 1 and one of 3", rec.Lost(), rec.RateFull(), s)
 	}
 }
 

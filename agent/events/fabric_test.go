@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/audit/audittest"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/registry"
 	"github.com/gpufence/gpufence/agent/users"
@@ -19,7 +20,7 @@ import (
 // NVLink management node is a gpu_access record naming the node, its kind
 // and the job step, with no GPU.
 func TestAccessRecordNamesFabricNodes(t *testing.T) {
-	e := New(Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: &memRecorder{},
+	e := New(Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: &audittest.Recorder{},
 		Owners: registry.New(nil, slog.New(slog.NewTextHandler(io.Discard, nil))), Table: noTable{}, Users: &users.Cache{},
 		Fabric: devices.Fabric{NVSwitchMajor: 236, NVLinkMajor: 238}})
 	defer e.Close()

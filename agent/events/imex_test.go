@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/audit/audittest"
 	"github.com/gpufence/gpufence/agent/registry"
 	"github.com/gpufence/gpufence/agent/users"
 	"github.com/gpufence/gpufence/bpf/devfilter"
@@ -29,7 +30,7 @@ func TestAccessRecordNamesIMEXChannels(t *testing.T) {
 		{228, 229, 1, "", "", "device 229:1 denied to job 42 step 0"},
 		{0, 228, 1, "", "", "device 228:1 denied to job 42 step 0"},
 	} {
-		e := New(Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: &memRecorder{},
+		e := New(Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: &audittest.Recorder{},
 			Owners: registry.New(nil, slog.New(slog.NewTextHandler(io.Discard, nil))), Table: noTable{}, Users: &users.Cache{},
 			IMEXMajor: tt.imexMajor})
 		step := registry.Owner{JobID: 42, StepID: 0, UID: 1000, GPUs: []int{1}}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/audit/audittest"
 	"github.com/gpufence/gpufence/agent/registry"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -22,7 +23,7 @@ func TestResumeAcrossRestart(t *testing.T) {
 	other := devfilter.RateKey{CgroupID: 8, Major: 195, Minor: 1, Decision: devfilter.DecisionDenied}
 	f := &countsFilter{supp: map[devfilter.RateKey]uint64{key: 10}, lost: 1, full: map[devfilter.Decision]uint64{devfilter.DecisionDenied: 2}}
 
-	rec1 := &memRecorder{}
+	rec1 := &audittest.Recorder{}
 	a := newStage(rec1)
 	a.Read(closedSource{}, f, false)
 	a.Flush(f) // the stopping agent's last flush
@@ -30,8 +31,8 @@ func TestResumeAcrossRestart(t *testing.T) {
 	if err := SaveReported(path, a.Reported()); err != nil {
 		t.Fatal(err)
 	}
-	if s := rec1.records(audit.EventAccessSuppressed); len(s) != 1 || s[0].Suppressed != 10 || rec1.lost != 1 || rec1.rateFull != 2 {
-		t.Fatalf("first agent: summaries %+v lost %d rate_full %d; want one of 10, 1, 2", s, rec1.lost, rec1.rateFull)
+	if s := rec1.Records(audit.EventAccessSuppressed); len(s) != 1 || s[0].Suppressed != 10 || rec1.Lost() != 1 || rec1.RateFull() != 2 {
+		t.Fatalf("first agent: summaries %+v lost %d rate_full %d; want one of 10, 1, 2", s, rec1.Lost(), rec1.RateFull())
 	}
 
 	// No agent runs: the kernel counts on.
@@ -41,7 +42,7 @@ func TestResumeAcrossRestart(t *testing.T) {
 	if err != nil || r == nil {
 		t.Fatalf("LoadReported: %v, %v", r, err)
 	}
-	rec2 := &memRecorder{}
+	rec2 := &audittest.Recorder{}
 	b := New(Options{Log: newStage(rec2).o.Log, Recorder: rec2, Owners: registry.New(nil, newStage(rec2).o.Log),
 		Table: noTable{}, Users: newStage(rec2).o.Users, Resume: r})
 	defer b.Close()
@@ -49,12 +50,12 @@ func TestResumeAcrossRestart(t *testing.T) {
 	b.Flush(f)
 	b.Flush(f)
 	got := map[uint32]uint64{}
-	for _, s := range rec2.records(audit.EventAccessSuppressed) {
+	for _, s := range rec2.Records(audit.EventAccessSuppressed) {
 		got[s.Device.Minor] += s.Suppressed
 	}
-	if got[0] != 4 || got[1] != 5 || len(got) != 2 || rec2.lost != 2 || rec2.rateFull != 4 {
+	if got[0] != 4 || got[1] != 5 || len(got) != 2 || rec2.Lost() != 2 || rec2.RateFull() != 4 {
 		t.Errorf("next agent reported suppressed %v lost %d rate_full %d; want minor 0: 4, minor 1: 5, lost 2, rate_full 4",
-			got, rec2.lost, rec2.rateFull)
+			got, rec2.Lost(), rec2.RateFull())
 	}
 	if f.supp[key] != 14 {
 		t.Errorf("the baseline changed the kernel's totals: %d", f.supp[key])
@@ -66,7 +67,7 @@ func TestResumeAcrossRestart(t *testing.T) {
 func TestResumeNeverAboveTotals(t *testing.T) {
 	key := devfilter.RateKey{CgroupID: 7, Major: 195, Minor: 0, Decision: devfilter.DecisionAllowed}
 	f := &countsFilter{supp: map[devfilter.RateKey]uint64{key: 3}, lost: 0, full: map[devfilter.Decision]uint64{}}
-	rec := &memRecorder{}
+	rec := &audittest.Recorder{}
 	e := newStage(rec)
 	e.o.Resume = &Reported{Suppressed: map[devfilter.RateKey]uint64{key: 100}, Lost: 50}
 	defer e.Close()
@@ -74,9 +75,9 @@ func TestResumeNeverAboveTotals(t *testing.T) {
 	e.Flush(f)
 	f.supp[key], f.lost = 5, 1
 	e.Flush(f)
-	s := rec.records(audit.EventAccessSuppressed)
-	if len(s) != 1 || s[0].Suppressed != 2 || rec.lost != 1 {
-		t.Errorf("summaries %+v lost %d; want one of 2 and 1", s, rec.lost)
+	s := rec.Records(audit.EventAccessSuppressed)
+	if len(s) != 1 || s[0].Suppressed != 2 || rec.Lost() != 1 {
+		t.Errorf("summaries %+v lost %d; want one of 2 and 1", s, rec.Lost())
 	}
 }
 
@@ -124,14 +125,14 @@ func (s *oneEvent) ReadEvent() (devfilter.Event, error) {
 // agent starting on the ring buffer an earlier one left, a step ending
 // with events queued) is still the step's, until the flush after next.
 func TestEventOfReleasedStep(t *testing.T) {
-	rec := &memRecorder{}
+	rec := &audittest.Recorder{}
 	e := newStage(rec)
 	f := &countsFilter{supp: map[devfilter.RateKey]uint64{}, full: map[devfilter.Decision]uint64{}}
 	e.Release(42, registry.Owner{JobID: 5, StepID: 3, UID: 2001})
 	e.Flush(f)
 	e.Read(&oneEvent{ev: devfilter.Event{CgroupID: 42, Major: 195, Minor: 1, Decision: devfilter.DecisionDenied, PID: 1}}, f, false)
 	e.Close()
-	r := rec.records(audit.EventGPUAccess)
+	r := rec.Records(audit.EventGPUAccess)
 	if len(r) != 1 || r[0].JobID != 5 || r[0].StepID != "3" {
 		t.Fatalf("records %+v; want one of job 5 step 3", r)
 	}

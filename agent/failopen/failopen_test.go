@@ -8,35 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/audit/audittest"
 	"github.com/gpufence/gpufence/agent/users"
 )
-
-type memRecorder struct {
-	mu   sync.Mutex
-	recs []audit.Record
-}
-
-func (m *memRecorder) Emit(r audit.Record) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.recs = append(m.recs, r)
-}
-
-func (m *memRecorder) records(ev audit.Event) []audit.Record {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []audit.Record
-	for _, r := range m.recs {
-		if r.Event == ev {
-			out = append(out, r)
-		}
-	}
-	return out
-}
 
 func TestIngestFailOpen(t *testing.T) {
 	dir := t.TempDir()
@@ -45,10 +22,10 @@ func TestIngestFailOpen(t *testing.T) {
 {"time":"2026-11-29T09:00:01Z","job_id":8,"step_id":"batch","uid":0,"node":"n1","reason":"no answer within 10s"}
 `
 	os.WriteFile(spool, []byte(lines), 0o600)
-	rec := &memRecorder{}
+	rec := &audittest.Recorder{}
 	d := &Spool{Path: spool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: rec, Users: &users.Cache{}}
 	d.Ingest()
-	got := rec.records(audit.EventStepUnfiltered)
+	got := rec.Records(audit.EventStepUnfiltered)
 	if len(got) != 2 || got[0].JobID != 7 || got[1].StepID != "batch" || got[0].Reason == "" || !strings.Contains(got[0].Message, "WITHOUT GPU isolation") {
 		t.Fatalf("records %+v", got)
 	}
@@ -56,7 +33,7 @@ func TestIngestFailOpen(t *testing.T) {
 		t.Errorf("spool not consumed: %v", left)
 	}
 	d.Ingest() // nothing twice
-	if n := len(rec.records(audit.EventStepUnfiltered)); n != 2 {
+	if n := len(rec.Records(audit.EventStepUnfiltered)); n != 2 {
 		t.Errorf("%d records after a second pass", n)
 	}
 	// A bad line keeps the file for a person to look at.
@@ -80,9 +57,9 @@ func TestIngestFailOpen(t *testing.T) {
 	for name, make := range untrusted {
 		os.Remove(spool)
 		make()
-		before := len(rec.records(audit.EventStepUnfiltered))
+		before := len(rec.Records(audit.EventStepUnfiltered))
 		d.Ingest()
-		if n := len(rec.records(audit.EventStepUnfiltered)); n != before {
+		if n := len(rec.Records(audit.EventStepUnfiltered)); n != before {
 			t.Errorf("%s spool: %d records written from it", name, n-before)
 		}
 		if _, err := os.Lstat(spool); err != nil {
