@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,11 +24,36 @@ var ErrExeUnknown = errors.New("executable identity cannot be compared")
 // a process's exe: its mount namespace). It returns an error wrapping
 // ErrExeUnknown when want is unknown or the mount cannot be found.
 func SameExe(path, mountinfo string, want ExeID) (bool, error) {
+	return sameFile(path, 0, mountinfo, want)
+}
+
+// SameName reports whether path, as the caller's mount namespace resolves
+// it, names the executable want: the name /proc/<pid>/exe shows is the
+// file's path in the process's mount namespace, and in another namespace
+// (a user's, a container's) the same path may be another file. mountinfo
+// is the caller's (/proc/self/mountinfo). A symbolic link in the last
+// component is not followed: /proc never shows a link as a program's path,
+// so a link there is another name's, not the file's. A path that names
+// nothing is not the file (false, no error).
+func SameName(path, mountinfo string, want ExeID) (bool, error) {
+	if !filepath.IsAbs(path) {
+		// Not a path of any namespace: resolved here it would name a
+		// file of the caller's working folder.
+		return false, nil
+	}
+	same, err := sameFile(path, unix.AT_SYMLINK_NOFOLLOW, mountinfo, want)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		return false, nil
+	}
+	return same, err
+}
+
+func sameFile(path string, flags int, mountinfo string, want ExeID) (bool, error) {
 	if !want.Known() {
 		return false, fmt.Errorf("%s: %w: the program gave no identity", path, ErrExeUnknown)
 	}
 	var stx unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_INO|unix.STATX_MNT_ID, &stx); err != nil {
+	if err := unix.Statx(unix.AT_FDCWD, path, flags, unix.STATX_INO|unix.STATX_MNT_ID, &stx); err != nil {
 		return false, fmt.Errorf("stat %s: %w", path, err)
 	}
 	if stx.Ino != want.Ino {
