@@ -21,10 +21,10 @@ type exeCheck struct {
 	// exe is set when verified; now when /proc shows a path that is not
 	// (or could not be shown to be) the program of the access; nsPath when
 	// the process runs the file of the access under a name that, in the
-	// agent's mount namespace, is another file's or nobody's.
+	// node's mount namespace, is another file's or nobody's.
 	exe, now, nsPath, status string
 	// mntNS is the inode of the process's mount namespace when it is not
-	// the agent's; 0 when it is, or when it could not be read.
+	// the node's; 0 when it is, or when it could not be read.
 	mntNS uint64
 }
 
@@ -44,12 +44,46 @@ type exeSeen struct {
 	// access (devfilter.SameExe).
 	same    bool
 	sameErr error
-	// named, namedErr: path, resolved in the agent's mount namespace, is
+	// named, namedErr: path, resolved in the node's mount namespace, is
 	// that file too (devfilter.SameName).
 	named    bool
 	namedErr error
-	// mntNS: the process's mount namespace, when not the agent's.
+	// mntNS: the process's mount namespace, when not the node's.
 	mntNS uint64
+}
+
+// nodeNS is the mount namespace where a path must name the program for
+// the record to call it verified: the node's, PID 1's, as an admin's
+// shell and the node's jobs see it. It is not the agent's own: systemd
+// gives the agent's unit a namespace of its own (PrivateTmp: its /tmp and
+// /var/tmp are not the node's). Where the agent may not look into PID 1's
+// (a test sandbox), its own stands in.
+type nodeNS struct {
+	// root resolves a path in the namespace (/proc/1/root); mountinfo
+	// is its mount table.
+	root, mountinfo string
+	dev, ino        uint64
+}
+
+// nodeNamespace is pid's mount namespace (under proc), or the agent's own
+// where pid's cannot be read.
+func nodeNamespace(proc, pid string) nodeNS {
+	for _, p := range []string{pid, "self"} {
+		dir := filepath.Join(proc, p)
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(dir, "ns", "mnt"), &st) != nil {
+			continue
+		}
+		root, err := unix.Open(filepath.Join(dir, "root"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		unix.Close(root)
+		return nodeNS{root: filepath.Join(dir, "root"), mountinfo: filepath.Join(dir, "mountinfo"), dev: st.Dev, ino: st.Ino}
+	}
+	// Not even the agent's own namespace could be read: its root still
+	// resolves paths; which namespace a process is in is not known.
+	return nodeNS{root: filepath.Join(proc, "self", "root"), mountinfo: filepath.Join(proc, "self", "mountinfo")}
 }
 
 // userHZ is the unit of the start time in /proc/<pid>/stat (USER_HZ, 100
@@ -59,8 +93,8 @@ const userHZ = 100
 // judgeExe decides what a record may say of the program of an access. A
 // path is only a name for a file in one mount namespace: in a user's own
 // (unshare -Urm, then mount --bind) or a container's, /usr/bin/true may be
-// any file, so the link text is called the program only where the agent's
-// own namespace resolves it to the file the kernel saw.
+// any file, so the link text is called the program only where the node's
+// namespace resolves it to the file the kernel saw.
 func judgeExe(s exeSeen) exeCheck {
 	switch {
 	case s.gone:
@@ -76,7 +110,7 @@ func judgeExe(s exeSeen) exeCheck {
 	case s.namedErr == nil && s.mntNS != 0:
 		return exeCheck{nsPath: s.path, status: audit.ExeOtherNamespace, mntNS: s.mntNS}
 	}
-	// The agent's namespace: the file was renamed over, or deleted, since
+	// The node's namespace: the file was renamed over, or deleted, since
 	// the exec (the link text then ends in " (deleted)"); or its name could
 	// not be compared. Either way the name is not the program's.
 	return exeCheck{now: s.path, status: audit.ExeUnverified, mntNS: s.mntNS}
@@ -85,15 +119,15 @@ func judgeExe(s exeSeen) exeCheck {
 // checkExe reads /proc/<tgid>/exe, which comes after the access, and says
 // whether it is still the program the kernel saw at the access: the same
 // process (start time) running the same file (inode, superblock device),
-// under a path that names that file in the agent's mount namespace. The
+// under a path that names that file in the node's mount namespace. The
 // path is read before and after the file is compared, so an exec in
 // between is not taken for the program of the access.
 func checkExe(proc string, ev devfilter.Event) exeCheck {
-	return judgeExe(seeExe(proc, ev))
+	return judgeExe(seeExe(proc, nodeNamespace(proc, "1"), ev))
 }
 
 // seeExe makes the reads judgeExe weighs.
-func seeExe(proc string, ev devfilter.Event) exeSeen {
+func seeExe(proc string, node nodeNS, ev devfilter.Event) exeSeen {
 	dir := filepath.Join(proc, strconv.FormatUint(uint64(ev.TGID), 10))
 	start, ok := procStart(dir)
 	if !ok || (ev.Start != 0 && start != uint64(ev.Start/(time.Second/userHZ))) {
@@ -101,7 +135,7 @@ func seeExe(proc string, ev devfilter.Event) exeSeen {
 		return exeSeen{gone: true}
 	}
 	var s exeSeen
-	s.mntNS = otherMntNS(proc, dir)
+	s.mntNS = otherMntNS(node, dir)
 	s.path, s.pathErr = os.Readlink(filepath.Join(dir, "exe"))
 	if s.pathErr != nil {
 		if _, serr := os.Stat(dir); serr != nil {
@@ -111,7 +145,7 @@ func seeExe(proc string, ev devfilter.Event) exeSeen {
 	}
 	s.same, s.sameErr = devfilter.SameExe(filepath.Join(dir, "exe"), filepath.Join(dir, "mountinfo"), ev.Exe)
 	if s.sameErr == nil && s.same {
-		s.named, s.namedErr = devfilter.SameName(s.path, filepath.Join(proc, "self", "mountinfo"), ev.Exe)
+		s.named, s.namedErr = devfilter.SameName(node.root, s.path, node.mountinfo, ev.Exe)
 	}
 	again, err := os.Readlink(filepath.Join(dir, "exe"))
 	if now, ok := procStart(dir); !ok || now != start || err != nil {
@@ -125,14 +159,13 @@ func seeExe(proc string, ev devfilter.Event) exeSeen {
 }
 
 // otherMntNS is the inode of the mount namespace of the process at dir
-// when it is not the agent's, else (or when either cannot be read) 0.
-func otherMntNS(proc, dir string) uint64 {
-	var self, task unix.Stat_t
-	if unix.Stat(filepath.Join(proc, "self", "ns", "mnt"), &self) != nil ||
-		unix.Stat(filepath.Join(dir, "ns", "mnt"), &task) != nil {
+// when it is not the node's, else (or when it cannot be read) 0.
+func otherMntNS(node nodeNS, dir string) uint64 {
+	var task unix.Stat_t
+	if unix.Stat(filepath.Join(dir, "ns", "mnt"), &task) != nil || node.ino == 0 {
 		return 0
 	}
-	if self.Dev == task.Dev && self.Ino == task.Ino {
+	if node.dev == task.Dev && node.ino == task.Ino {
 		return 0
 	}
 	return task.Ino

@@ -128,3 +128,110 @@ func TestCheckExeBindMountSpoof(t *testing.T) {
 		t.Errorf("checkExe of the bind-mounted /usr/bin/true = %+v, want %+v", got, want)
 	}
 }
+
+// startIn starts argv, waits for its "ok" line, and stops it at the end.
+func startIn(t *testing.T, argv ...string) int {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line := make([]byte, 3)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ok\n" {
+		t.Skipf("skipping: %v did not start here (no user namespaces?): %q %v", argv, line, err)
+	}
+	return cmd.Process.Pid
+}
+
+// TestCheckExeNodeNamespace: the path is looked up in the node's mount
+// namespace (PID 1's in the agent), not in the agent's own, which systemd
+// makes private (PrivateTmp). A stand-in for PID 1 runs in a namespace of
+// its own with a tmpfs over one folder; a program run from that folder
+// here is, for that namespace, nowhere (other_namespace), one run from
+// elsewhere is the same file there (verified, in another namespace than
+// the node's); with no readable stand-in, the agent's own namespace
+// decides.
+func TestCheckExeNodeNamespace(t *testing.T) {
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skipf("skipping: no unshare: %v", err)
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skipf("skipping: no sleep: %v", err)
+	}
+	b, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	hidden := filepath.Join(dir, "hidden")
+	if err := os.Mkdir(hidden, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inHidden, outside := filepath.Join(hidden, "mytool"), filepath.Join(dir, "mytool")
+	for _, p := range []string{inHidden, outside} {
+		if err := os.WriteFile(p, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node := startIn(t, "unshare", "-Urm", "sh", "-c", `mount -t tmpfs none "$0" && echo ok && exec sleep 60`, hidden)
+	var self unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/mnt", &self); err != nil {
+		t.Fatal(err)
+	}
+	ns := nodeNamespace("/proc", strconv.Itoa(node))
+	if ns.ino == self.Ino {
+		t.Fatalf("the stand-in's namespace is the test's: %+v", ns)
+	}
+	for _, tc := range []struct {
+		name, prog string
+		node       nodeNS
+		want       func(path string) exeCheck
+	}{
+		{"hidden from the node", inHidden, ns, func(p string) exeCheck {
+			return exeCheck{nsPath: p, status: audit.ExeOtherNamespace, mntNS: self.Ino}
+		}},
+		{"the same file on the node", outside, ns, func(p string) exeCheck {
+			return exeCheck{exe: p, status: audit.ExeVerified, mntNS: self.Ino}
+		}},
+		{"no stand-in: the agent's own namespace", inHidden, nodeNamespace("/proc", "0"), func(p string) exeCheck {
+			return exeCheck{exe: p, status: audit.ExeVerified}
+		}},
+	} {
+		cmd := exec.Command(tc.prog, "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pid := cmd.Process.Pid
+		dir := filepath.Join("/proc", strconv.Itoa(pid))
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if link, _ := os.Readlink(filepath.Join(dir, "exe")); link == tc.prog {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pid %d did not exec %s", pid, tc.prog)
+			}
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(tc.prog, &st); err != nil {
+			t.Fatal(err)
+		}
+		id := devfilter.ExeID{Ino: st.Ino, Major: unix.Major(st.Dev), Minor: unix.Minor(st.Dev)}
+		if same, err := devfilter.SameExe(tc.prog, "/proc/self/mountinfo", id); err != nil || !same {
+			t.Skipf("skipping: stat's device of %s is not its superblock's here (%v)", tc.prog, err)
+		}
+		ticks, _ := procStart(dir)
+		got := judgeExe(seeExe("/proc", tc.node, devfilter.Event{TGID: uint32(pid), Exe: id, Start: time.Duration(ticks) * (time.Second / userHZ)}))
+		cmd.Process.Kill()
+		cmd.Wait()
+		if want := tc.want(tc.prog); got != want {
+			t.Errorf("%s: checkExe = %+v, want %+v", tc.name, got, want)
+		}
+	}
+}

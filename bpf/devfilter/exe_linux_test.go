@@ -11,9 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestSameName: a path names the executable only as itself: not through a
-// symbolic link in its last component, not once nothing is there, not as
-// a relative name; another file at the path is not it.
+// TestSameName: a path names the executable only as itself, resolved below
+// the root given: not through a symbolic link anywhere, not once nothing
+// is there, not as a relative name; another file at the path is not it.
 func TestSameName(t *testing.T) {
 	dir := t.TempDir()
 	file, other := filepath.Join(dir, "tool"), filepath.Join(dir, "other")
@@ -22,8 +22,11 @@ func TestSameName(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	link := filepath.Join(dir, "link")
+	link, dirLink := filepath.Join(dir, "link"), filepath.Join(dir, "dirlink")
 	if err := os.Symlink(file, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(dir, dirLink); err != nil {
 		t.Fatal(err)
 	}
 	var st unix.Stat_t
@@ -37,22 +40,26 @@ func TestSameName(t *testing.T) {
 	// From the folder, "tool" would resolve to the file.
 	t.Chdir(dir)
 	for _, tc := range []struct {
-		name, path string
-		want       bool
+		name, root, path string
+		want             bool
 	}{
-		{"the file", file, true},
-		{"another file", other, false},
-		{"a link to the file", link, false},
-		{"nothing there", filepath.Join(dir, "gone"), false},
-		{"the link text of a deleted file", file + " (deleted)", false},
-		{"below a file", filepath.Join(file, "x"), false},
-		{"a relative name", "tool", false},
+		{"the file", "/", file, true},
+		{"the file, below /proc/self/root", "/proc/self/root", file, true},
+		{"the file, below its folder as root", dir, "/tool", true},
+		{"another file", "/", other, false},
+		{"a link to the file", "/", link, false},
+		{"through a link to its folder", "/", filepath.Join(dirLink, "tool"), false},
+		{"nothing there", "/", filepath.Join(dir, "gone"), false},
+		{"the link text of a deleted file", "/", file + " (deleted)", false},
+		{"below a file", "/", filepath.Join(file, "x"), false},
+		{"a relative name", "/", "tool", false},
+		{"outside root", dir, file, false},
 	} {
-		if same, err := SameName(tc.path, "/proc/self/mountinfo", id); err != nil || same != tc.want {
-			t.Errorf("%s: SameName(%s) = %v, %v; want %v", tc.name, tc.path, same, err, tc.want)
+		if same, err := SameName(tc.root, tc.path, "/proc/self/mountinfo", id); err != nil || same != tc.want {
+			t.Errorf("%s: SameName(%s, %s) = %v, %v; want %v", tc.name, tc.root, tc.path, same, err, tc.want)
 		}
 	}
-	if _, err := SameName(file, "/proc/self/mountinfo", ExeID{}); !errors.Is(err, ErrExeUnknown) {
+	if _, err := SameName("/", file, "/proc/self/mountinfo", ExeID{}); !errors.Is(err, ErrExeUnknown) {
 		t.Errorf("SameName with no identity: %v, want ErrExeUnknown", err)
 	}
 }
