@@ -96,6 +96,8 @@ func journalFields(r *Record) []journalField {
 	add("GPUFENCE_EXE", r.Exe)
 	add("GPUFENCE_EXE_STATUS", r.ExeStatus)
 	add("GPUFENCE_EXE_NOW", r.ExeNow)
+	add("GPUFENCE_EXE_NAMESPACE_PATH", r.ExeNamespacePath)
+	num("GPUFENCE_EXE_MNT_NS", r.ExeMntNS)
 	add("GPUFENCE_EXE_DEV", r.ExeDev)
 	num("GPUFENCE_EXE_INO", r.ExeIno)
 	if r.Device != nil {

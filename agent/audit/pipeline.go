@@ -354,7 +354,7 @@ func (p *Pipeline) fill(r *Record) {
 // (messages, errors, reasons that quote a job's own fields).
 func printable(r *Record) {
 	for _, f := range []*string{&r.Node, &r.Cluster, &r.AgentVersion, &r.Message, &r.StepID, &r.User,
-		&r.Comm, &r.Exe, &r.ExeNow, &r.ExeDev, &r.Cgroup, &r.Reason, &r.Error} {
+		&r.Comm, &r.Exe, &r.ExeNow, &r.ExeNamespacePath, &r.ExeDev, &r.Cgroup, &r.Reason, &r.Error} {
 		*f = Printable(*f)
 	}
 	if r.Device != nil && Printable(r.Device.Path) != r.Device.Path {

@@ -93,7 +93,8 @@ const (
 // after the access, against the executable the kernel saw at the access.
 const (
 	// ExeVerified: the same file (inode and device), the same process
-	// (start time): Exe names the program of the access.
+	// (start time), and the path names that file in the node's mount
+	// namespace (PID 1's): Exe names the program of the access.
 	ExeVerified = "verified"
 	// ExeChanged: the same process runs another file now (it exec'd since
 	// the access); ExeNow names the new program, not the one of the access.
@@ -103,9 +104,17 @@ const (
 	ExeExited = "exited"
 	// ExeUnverified: the kernel gave no identity to check against (a task
 	// without mm, an older program), or the file's device as stat shows it
-	// is not its superblock's (btrfs subvolumes, some overlayfs setups):
-	// ExeNow is what /proc showed, unconfirmed.
+	// is not its superblock's (btrfs subvolumes, some overlayfs setups),
+	// or, in the node's mount namespace, the path no longer names the
+	// file (replaced or deleted since the exec): ExeNow is what /proc
+	// showed, unconfirmed.
 	ExeUnverified = "unverified"
+	// ExeOtherNamespace: the same process runs the file of the access, in
+	// another mount namespace than the node's (a container, a user's own
+	// after unshare), where its path names it; in the node's namespace
+	// that path is another file or none. ExeNamespacePath is that path,
+	// ExeDev/ExeIno the file, ExeMntNS the namespace.
+	ExeOtherNamespace = "other_namespace"
 )
 
 // Decisions and policy modes of a gpu_access record.
@@ -152,6 +161,13 @@ type Record struct {
 	// or names another program than the one of the access: read after
 	// the access, it is what the process runs now.
 	ExeNow string `json:"exe_now,omitempty"`
+	// ExeNamespacePath is /proc/<pid>/exe, Escape'd, when ExeStatus is
+	// ExeOtherNamespace: the program of the access, named as the process's
+	// mount namespace names it (not a path on the node).
+	ExeNamespacePath string `json:"exe_namespace_path,omitempty"`
+	// ExeMntNS is the inode of the process's mount namespace (as in
+	// /proc/<pid>/ns/mnt) when it is not the node's.
+	ExeMntNS uint64 `json:"exe_mnt_ns,omitempty"`
 	// ExeDev ("major:minor" of its file system) and ExeIno identify the
 	// executable the kernel saw at the access.
 	ExeDev     string   `json:"exe_dev,omitempty"`

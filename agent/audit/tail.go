@@ -204,6 +204,8 @@ func exeLabel(r *Record) string {
 		return "[exec'd since] " + r.ExeNow
 	case r.ExeStatus == ExeUnverified && r.ExeNow != "":
 		return "[unverified] " + r.ExeNow
+	case r.ExeStatus == ExeOtherNamespace:
+		return "[other namespace] " + r.ExeNamespacePath
 	case r.ExeStatus != "":
 		return "[" + r.ExeStatus + "]"
 	}

@@ -173,6 +173,11 @@ func (tr *tree) daemon(mode devfilter.Mode) (*Daemon, *logBuffer) {
 // daemonWith starts a daemon on the tree, with edit applied to its
 // configuration; tr.ctld answers for slurmctld from the start.
 func (tr *tree) daemonWith(mode devfilter.Mode, edit func(*config.Config)) (*Daemon, *logBuffer) {
+	return tr.daemonWithRecorder(mode, edit, tr.rec)
+}
+
+// daemonWithRecorder is daemonWith handing records to rec.
+func (tr *tree) daemonWithRecorder(mode devfilter.Mode, edit func(*config.Config), rec Recorder) (*Daemon, *logBuffer) {
 	cfg := config.Default()
 	cfg.SlurmConf = filepath.Join(tr.gres, "slurm.conf")
 	// The tree's slurm.conf is no node's: gres.conf alone (slurmd_test.go
@@ -188,7 +193,7 @@ func (tr *tree) daemonWith(mode devfilter.Mode, edit func(*config.Config)) (*Dae
 	buf := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(buf, testWriter{tr.t}), nil))
 	jobSource = func(config.Config) recovery.JobSource { return tr.ctld }
-	d, err := New(cfg, log, NewKernelFilter(devfilter.Options{Mode: mode, NvidiaMajor: 195, Logger: log, AuditAllowed: devfilter.AuditAllowedNone}), 195, tr.rec)
+	d, err := New(cfg, log, NewKernelFilter(devfilter.Options{Mode: mode, NvidiaMajor: 195, Logger: log, AuditAllowed: devfilter.AuditAllowedNone}), 195, rec)
 	if err != nil {
 		tr.t.Fatal(err)
 	}

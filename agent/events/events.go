@@ -236,6 +236,7 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 	if ev.TGID != 0 {
 		x := checkExe(e.o.Proc, ev)
 		r.Exe, r.ExeNow, r.ExeStatus = audit.Escape(x.exe), audit.Escape(x.now), x.status
+		r.ExeNamespacePath, r.ExeMntNS = audit.Escape(x.nsPath), x.mntNS
 	}
 	if ev.Exe.Known() {
 		r.ExeDev, r.ExeIno = fmt.Sprintf("%d:%d", ev.Exe.Major, ev.Exe.Minor), ev.Exe.Ino
@@ -293,8 +294,11 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 		what = fmt.Sprintf("GPU %d (%s)", r.GPU.Index, r.Device.Path)
 	}
 	r.Message = fmt.Sprintf("%s %s to %s: pid %d %s, uid %d", what, r.Decision, who, ev.TGID, comm, ev.UID)
-	if r.ExeStatus == audit.ExeChanged {
+	switch r.ExeStatus {
+	case audit.ExeChanged:
 		r.Message += fmt.Sprintf(" (the process has run %s since; the program of the access is not known by name)", r.ExeNow)
+	case audit.ExeOtherNamespace:
+		r.Message += fmt.Sprintf(" (its mount namespace calls the program %s; on the node that path names another file or none; the program is file %s inode %d)", r.ExeNamespacePath, r.ExeDev, r.ExeIno)
 	}
 	if suppressed > 0 {
 		r.Message += fmt.Sprintf(" (%d more not recorded)", suppressed)
@@ -451,6 +455,7 @@ func (e *Events) Flush(c Counters) {
 		r := e.accessRecord(ev, o, known, n)
 		r.Event, r.PID, r.Comm, r.UID, r.User, r.Access = audit.EventAccessSuppressed, 0, "", nil, "", nil
 		r.Exe, r.ExeNow, r.ExeStatus, r.ExeDev, r.ExeIno = "", "", "", "", 0
+		r.ExeNamespacePath, r.ExeMntNS = "", 0
 		if known && o.Exempt == "" && o.JobID != 0 {
 			r.UID = audit.UID(o.UID)
 			r.User = e.o.Users.Name(o.UID)
