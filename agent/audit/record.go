@@ -117,6 +117,13 @@ const (
 	ExeOtherNamespace = "other_namespace"
 )
 
+// ReasonNonRootInSlurmCgroup is the reason of a gpu_access record denied
+// (or would-deny) in one of Slurm's own cgroups (system, slurmd): they keep
+// every device for root (slurmd's NVML, slurmstepd's --gpu-freq), not for
+// a process there that runs as a user, such as the child slurmd forks to
+// open an sbcast destination as the job's user.
+const ReasonNonRootInSlurmCgroup = "non-root process in Slurm's own cgroup"
+
 // Decisions and policy modes of a gpu_access record.
 const (
 	DecisionAllowed   = "allowed"

@@ -96,8 +96,8 @@ type Config struct {
 	// "nvidia-caps-imex-channels" from /proc/devices. Unknown: not narrowed.
 	IMEXChannelsMajor uint32 `yaml:"imex_channels_major"`
 	// ExemptCgroups are the scope's children that are not jobs and keep every
-	// device: Slurm parks new slurmstepds in "system" and, without systemd,
-	// moves slurmd into "slurmd" (both use NVML).
+	// device for root: Slurm parks new slurmstepds in "system" and, without
+	// systemd, moves slurmd into "slurmd" (both use NVML as root).
 	ExemptCgroups []string `yaml:"exempt_cgroups"`
 	// RequestTimeout bounds one plugin exchange inside the agent.
 	RequestTimeout Duration `yaml:"request_timeout"`

@@ -223,7 +223,11 @@ func (e *Enforcer) attachLocked(scope string) error {
 
 // refreshExemptLocked keeps an allow-all entry for each exempt child of the
 // scope (slurmd, system) and drops entries of ones that vanished. Slurm
-// makes its stepd parking cgroup when the first step starts. e.mu is held.
+// makes its stepd parking cgroup when the first step starts. The entries
+// are root-only: slurmd's NVML and slurmstepd's --gpu-freq run as root,
+// while a process there that runs as a user (slurmd's sbcast child, which
+// opens the destination after setresuid to the job's user) is the user's
+// reach into an unfiltered cgroup. e.mu is held.
 func (e *Enforcer) refreshExemptLocked() {
 	if e.filter == nil || e.filter.Mode() == devfilter.ModePerCgroup {
 		return
@@ -244,12 +248,12 @@ func (e *Enforcer) refreshExemptLocked() {
 			continue
 		}
 		cg := devfilter.Cgroup{ID: id, Path: dir}
-		if err := e.filter.Set(cg, devfilter.Policy{AllowAll: true}); err != nil {
+		if err := e.filter.Set(cg, devfilter.Policy{AllowAll: true, RootOnly: true}); err != nil {
 			e.o.Log.Error("set exempt entry", "cgroup", dir, "err", err)
 			continue
 		}
 		e.o.Registry.SetExempt(name, cg)
-		e.o.Log.Info("exempt cgroup keeps all devices", "cgroup", dir)
+		e.o.Log.Info("exempt cgroup keeps all devices for root", "cgroup", dir)
 	}
 }
 

@@ -269,6 +269,12 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 	}
 	who := "a cgroup without a policy entry (no registered step)"
 	switch {
+	case known && o.Exempt != "" && ev.Decision != devfilter.DecisionAllowed:
+		// Slurm's own cgroups keep every device for root only: what the
+		// program refuses there is a process that runs as a user (slurmd's
+		// sbcast child opening its destination as the job's user).
+		r.Reason = audit.ReasonNonRootInSlurmCgroup
+		who = "a non-root process in Slurm's own " + o.Exempt + " cgroup (every device there is for root only)"
 	case known && o.Exempt != "":
 		who = "Slurm's " + o.Exempt + " cgroup"
 	case known:
@@ -461,8 +467,13 @@ func (e *Events) Flush(c Counters) {
 			r.User = e.o.Users.Name(o.UID)
 		}
 		who := "a cgroup without a policy entry"
-		if r.StepID != "" {
+		switch {
+		case r.StepID != "":
 			who = fmt.Sprintf("job %d step %s", r.JobID, r.StepID)
+		case r.Reason == audit.ReasonNonRootInSlurmCgroup:
+			who = "non-root processes in Slurm's own " + o.Exempt + " cgroup"
+		case known && o.Exempt != "":
+			who = "Slurm's " + o.Exempt + " cgroup"
 		}
 		r.Message = fmt.Sprintf("%d more %s accesses to device %d:%d by %s were not recorded one by one", n, r.Decision, key.Major, key.Minor, who)
 		e.o.Recorder.Emit(r)

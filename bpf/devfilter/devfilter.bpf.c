@@ -54,6 +54,15 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 // (adopt_unconfirmed: audit-only): what it may not open is reported as
 // would-deny and allowed, for that cgroup alone.
 #define POLICY_AUDIT_ONLY (1U << 1)
+// With POLICY_ALLOW_ALL: the entry allows everything only to a task whose
+// real and effective uids are both 0; any other task of the cgroup gets
+// what the bitmaps grant (an exempt entry's are empty: nothing). Slurm's
+// own cgroups (system, slurmd) keep every device for root (slurmd's NVML,
+// slurmstepd's --gpu-freq), not for a child slurmd made the user's, such
+// as the one that opens an sbcast destination with setresuid(uid, uid, -1).
+// A program of an older layout ignores the bit: the entry is allow-all to
+// every task there, as it was.
+#define POLICY_ROOT_ONLY (1U << 2)
 
 // Minors 254 (nvidia-modeset) and 255 (nvidiactl) are needed by every CUDA
 // process and are never narrowed.
@@ -257,7 +266,16 @@ struct mm_struct {
 	struct file *exe_file;
 } __attribute__((preserve_access_index));
 
+// kuid_t: CO-RE matches the member by name and kind (a struct of one
+// __u32), not by the typedef's name.
+struct cred {
+	struct {
+		__u32 val;
+	} euid;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
+	const struct cred *cred;
 	int pid;
 	int tgid;
 	char comm[16];
@@ -306,12 +324,34 @@ static __always_inline int imex_allowed(const struct policy *p, __u32 minor,
 	return p->imex_channel && p->imex_channel - 1 == minor;
 }
 
+// task_is_root says whether the current task's real and effective uids
+// are both 0 (in the initial user namespace, as the helper reports them).
+// The real uid comes from the helper; the effective one from the task's
+// credentials, since a root process that switched only its euid (seteuid)
+// acts for that user. A failed read counts as not root.
+static __always_inline int task_is_root(void)
+{
+	struct task_struct *task;
+	const struct cred *cred = 0;
+	__u32 euid = 1;
+
+	if ((__u32)bpf_get_current_uid_gid() != 0)
+		return 0;
+	task = (struct task_struct *)bpf_get_current_task();
+	if (bpf_probe_read_kernel(&cred, sizeof(cred), &task->cred) || !cred)
+		return 0;
+	if (bpf_probe_read_kernel(&euid, sizeof(euid), &cred->euid))
+		return 0;
+	return euid == 0;
+}
+
 static __always_inline int allowed(const struct policy *p, int class,
 				   __u32 minor, __u32 access_type)
 {
 	if (!p)
 		return 0;
-	if (p->flags & POLICY_ALLOW_ALL)
+	if ((p->flags & POLICY_ALLOW_ALL) &&
+	    (!(p->flags & POLICY_ROOT_ONLY) || task_is_root()))
 		return 1;
 	if (class == CLASS_IMEX)
 		return imex_allowed(p, minor, access_type);

@@ -253,13 +253,19 @@ func (fx *fixture) cgroup(t *testing.T, rel string) Cgroup {
 // opening each node.
 func (fx *fixture) openAll(t *testing.T, rel string) (int, map[string]unix.Errno) {
 	t.Helper()
+	return fx.openAllEnv(t, rel)
+}
+
+// openAllEnv is openAll with env added to the child's environment.
+func (fx *fixture) openAllEnv(t *testing.T, rel string, env ...string) (int, map[string]unix.Errno) {
+	t.Helper()
 	fd, err := unix.Open(fx.path(rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), childEnv+"="+fx.devDir)
+	cmd.Env = append(append(os.Environ(), childEnv+"="+fx.devDir), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()

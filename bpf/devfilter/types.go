@@ -220,6 +220,12 @@ type Cgroup struct {
 // Policy says which GPU devices a cgroup may open.
 type Policy struct {
 	AllowAll bool
+	// RootOnly narrows AllowAll to tasks whose real and effective uids are
+	// both 0; any other task of the cgroup gets what the minors grant. For
+	// Slurm's own cgroups, where only root has business with a GPU (NVML)
+	// and a user's process (slurmd's sbcast child) has none. A program of
+	// an older layout ignores it (allow-all to every task).
+	RootOnly bool
 	// AuditOnly allows what the policy does not and reports it as
 	// would-deny, for this cgroup alone (a job adopted without slurmctld's
 	// confirmation, adopt_unconfirmed: audit-only).
@@ -243,6 +249,7 @@ const MaxIMEXChannel = 1<<20 - 1
 const (
 	policyAllowAll  = 1 << 0
 	policyAuditOnly = 1 << 1
+	policyRootOnly  = 1 << 2
 )
 
 // bitmaps encodes the minors as the program reads them: bit n of word n/64.
@@ -273,6 +280,9 @@ func (p Policy) flags() uint32 {
 	if p.AuditOnly {
 		f |= policyAuditOnly
 	}
+	if p.RootOnly {
+		f |= policyRootOnly
+	}
 	return f
 }
 
@@ -291,7 +301,7 @@ func (p Policy) imexWord() (uint32, error) {
 }
 
 func policyFromBitmaps(flags uint32, gpus []uint64, caps []uint64, imex uint32) Policy {
-	p := Policy{AllowAll: flags&policyAllowAll != 0, AuditOnly: flags&policyAuditOnly != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
+	p := Policy{AllowAll: flags&policyAllowAll != 0, AuditOnly: flags&policyAuditOnly != 0, RootOnly: flags&policyRootOnly != 0, GPUMinors: bitsOf(gpus), CapsMinors: bitsOf(caps)}
 	if imex != 0 {
 		p.IMEXChannels = []uint32{imex - 1}
 	}

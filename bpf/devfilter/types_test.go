@@ -79,6 +79,30 @@ func TestPolicyAllowAllFlag(t *testing.T) {
 	}
 }
 
+// TestPolicyFlags: each flag is its own bit, as the program defines them
+// (POLICY_ALLOW_ALL 1, POLICY_AUDIT_ONLY 2, POLICY_ROOT_ONLY 4), and
+// survives the round trip through the map's word.
+func TestPolicyFlags(t *testing.T) {
+	tests := []struct {
+		p    Policy
+		want uint32
+	}{
+		{Policy{AllowAll: true}, 1},
+		{Policy{AuditOnly: true}, 2},
+		{Policy{RootOnly: true}, 4},
+		{Policy{AllowAll: true, RootOnly: true}, 5},
+		{Policy{AllowAll: true, AuditOnly: true, RootOnly: true}, 7},
+	}
+	for _, tt := range tests {
+		if got := tt.p.flags(); got != tt.want {
+			t.Errorf("flags(%+v) = %#x, want %#x", tt.p, got, tt.want)
+		}
+		if back := policyFromBitmaps(tt.want, nil, nil, 0); back.AllowAll != tt.p.AllowAll || back.AuditOnly != tt.p.AuditOnly || back.RootOnly != tt.p.RootOnly {
+			t.Errorf("policyFromBitmaps(%#x) = %+v, want %+v", tt.want, back, tt.p)
+		}
+	}
+}
+
 func TestAccessString(t *testing.T) {
 	tests := []struct {
 		a    Access

@@ -68,16 +68,19 @@ func (st *suite) unusedMajors(t *testing.T, n int) []uint32 {
 
 // runInCgroup starts gf-open as the job user directly inside cgroup dir
 // (as runIn does) on paths.
-func (st *suite) runInCgroup(t *testing.T, dir string, paths []string) cluster.OpenReport {
+func (st *suite) runInCgroup(t *testing.T, dir string, paths []string, asRoot bool) cluster.OpenReport {
 	t.Helper()
 	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	uid, gid := lookup(t)
 	cmd := exec.Command(st.open, append([]string{"-env"}, paths...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd, Credential: &syscall.Credential{Uid: uid, Gid: gid}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	if !asRoot {
+		uid, gid := lookup(t)
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: gid}
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("gf-open in %s: %v\n%s", dir, err, out)
@@ -189,11 +192,20 @@ func TestPrivilegedNVSwitch(t *testing.T) {
 	})
 
 	t.Run("slurmd keeps them", func(t *testing.T) {
-		rep := st.runInCgroup(t, filepath.Join(st.c.ScopeDir(), "slurmd"), paths)
+		// slurmd's NVML runs as root; a user's process there (slurmd's
+		// sbcast child) gets nothing (attack_sbcast_test.go).
+		rep := st.runInCgroup(t, filepath.Join(st.c.ScopeDir(), "slurmd"), paths, true)
 		expectFabric(t, rep, "ENXIO")
 		for i, p := range st.c.DevPaths() {
 			if rep.Open[p] != "ENXIO" {
-				t.Errorf("nvidia%d from slurmd's cgroup: %q, want ENXIO", i, rep.Open[p])
+				t.Errorf("nvidia%d from slurmd's cgroup as root: %q, want ENXIO", i, rep.Open[p])
+			}
+		}
+		rep = st.runInCgroup(t, filepath.Join(st.c.ScopeDir(), "slurmd"), paths, false)
+		expectFabric(t, rep, "EPERM")
+		for i, p := range st.c.DevPaths() {
+			if rep.Open[p] != "EPERM" {
+				t.Errorf("nvidia%d from slurmd's cgroup as %s: %q, want EPERM", i, user, rep.Open[p])
 			}
 		}
 	})
