@@ -8,6 +8,7 @@
 package enforcer
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -100,6 +101,8 @@ type Enforcer struct {
 	noteMu      sync.Mutex
 	lastProblem string
 	ignored     map[string]bool
+	// gone: the scope the filter is on was seen removed (logged once).
+	gone bool
 }
 
 // New returns an enforcer with no filter yet.
@@ -386,8 +389,10 @@ func (e *Enforcer) Ended() int {
 func (e *Enforcer) Reconcile() {
 	// A scope that cannot be told (two candidates, an untrusted one) moves
 	// nothing: the filter stays where it is.
-	scope := e.FindScope().Scope
+	found := e.FindScope()
+	scope := found.Scope
 	e.mu.Lock()
+	e.noteGoneLocked(found)
 	switch {
 	case e.filter == nil && scope != "":
 		if err := e.attachLocked(scope); err != nil {
@@ -403,6 +408,21 @@ func (e *Enforcer) Reconcile() {
 	e.refreshExemptLocked()
 	e.sweepOrphansLocked()
 	e.mu.Unlock()
+}
+
+// noteGoneLocked logs, once per disappearance, that the scope the filter
+// is on was removed (slurmd stopped with its scope) and nothing replaces it
+// yet: no cgroup merely named like it is taken meanwhile. e.mu is held.
+func (e *Enforcer) noteGoneLocked(f jobcgroup.Found) {
+	if e.filter == nil || e.scope == "" {
+		return
+	}
+	_, err := os.Stat(e.scope)
+	gone := errors.Is(err, os.ErrNotExist) && f.Scope == ""
+	if gone && !e.gone {
+		e.o.Log.Info("Slurm's scope is gone; the filter is re-attached when slurmd makes it again, never to another cgroup meanwhile", "cgroup", e.scope, "expected", f.Expected)
+	}
+	e.gone = gone
 }
 
 // cleanStaleLocked removes pinned kernel entries of cgroups that no longer
