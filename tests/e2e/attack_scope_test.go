@@ -207,14 +207,21 @@ func TestPrivilegedPlantedScopeE2E(t *testing.T) {
 		var s struct {
 			Problems []string `json:"problems"`
 			Filter   struct {
-				SlurmScope    string                `json:"slurm_scope"`
-				IgnoredScopes []jobcgroup.Candidate `json:"ignored_scopes"`
+				SlurmScope    string `json:"slurm_scope"`
+				IgnoredScopes []struct {
+					Path    string `json:"path"`
+					Refused string `json:"refused"`
+				} `json:"ignored_scopes"`
 			} `json:"filter"`
 		}
 		if err := json.Unmarshal([]byte(out), &s); err != nil {
 			t.Fatalf("gpufence status --json: %v\n%s", err, out)
 		}
-		if s.Filter.SlurmScope != realScope || !slices.ContainsFunc(s.Filter.IgnoredScopes, func(c jobcgroup.Candidate) bool { return c.Path == planted }) {
+		ignored := false
+		for _, c := range s.Filter.IgnoredScopes {
+			ignored = ignored || (c.Path == planted && strings.Contains(c.Refused, "a user's own cgroup subtree"))
+		}
+		if s.Filter.SlurmScope != realScope || !ignored {
 			t.Errorf("gpufence status: slurm_scope %q, ignored %+v; want %s and the planted %s", s.Filter.SlurmScope, s.Filter.IgnoredScopes, realScope, planted)
 		}
 		for _, p := range s.Problems {
