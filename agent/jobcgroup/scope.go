@@ -88,6 +88,8 @@ type Where struct {
 // Proc is a process of Slurm's own: root's, running slurmd or slurmstepd.
 type Proc struct {
 	PID int
+	// Kind is slurmd or slurmstepd.
+	Kind string
 	// Exe is the kernel's /proc/<pid>/exe.
 	Exe string
 	// Cgroup is the absolute cgroup directory the process is in.
@@ -95,10 +97,10 @@ type Proc struct {
 }
 
 // IsStepd reports whether the process runs slurmstepd.
-func (p Proc) IsStepd() bool { return exeName(p.Exe) == "slurmstepd" }
+func (p Proc) IsStepd() bool { return p.Kind == "slurmstepd" }
 
 func (p Proc) String() string {
-	return fmt.Sprintf("%s pid %d in %s", exeName(p.Exe), p.PID, p.Cgroup)
+	return fmt.Sprintf("%s pid %d in %s", p.Kind, p.PID, p.Cgroup)
 }
 
 // Candidate is a cgroup that was considered for Slurm's scope.
@@ -381,20 +383,49 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// exeName is the file name of a /proc/<pid>/exe link, without the
-// " (deleted)" the kernel appends once the binary was replaced (a Slurm
-// upgrade while slurmstepds run).
-func exeName(exe string) string {
-	return filepath.Base(strings.TrimSuffix(exe, " (deleted)"))
+// slurmBinaries are the names Slurm's daemons are started as.
+var slurmBinaries = []string{"slurmstepd", "slurmd"}
+
+// kinds tells which Slurm daemon an exe is: its own name, or the file
+// that name beside it resolves to (Debian installs slurmd-wlm and
+// slurmstepd-wlm with slurmd and slurmstepd links to them). A binary
+// replaced while it runs (an upgrade) reads "<path> (deleted)" in
+// /proc/<pid>/exe; its path is compared.
+type kinds map[string]map[string]string
+
+func (k kinds) of(exe string) string {
+	exe = strings.TrimSuffix(exe, " (deleted)")
+	base, dir := filepath.Base(exe), filepath.Dir(exe)
+	for _, n := range slurmBinaries {
+		if base == n {
+			return n
+		}
+	}
+	links, ok := k[dir]
+	if !ok {
+		links = map[string]string{}
+		for _, n := range slurmBinaries {
+			if p, err := filepath.EvalSymlinks(filepath.Join(dir, n)); err == nil {
+				links[n] = p
+			}
+		}
+		k[dir] = links
+	}
+	for _, n := range slurmBinaries {
+		if links[n] == exe {
+			return n
+		}
+	}
+	return ""
 }
 
 // SlurmProcs lists Slurm's own processes on this node: root's (real and
 // effective uid 0, as the kernel reports them in /proc/<pid>/status, in
-// this user namespace) running a binary named slurmd or slurmstepd, by
-// the kernel's exe link. comm and argv are the process's own to write
-// (prctl, /proc/self/comm; slurmstepd itself rewrites its argv), so
-// neither is read. Processes that exit while being read are skipped. An
-// error only when /proc cannot be listed.
+// this user namespace) running slurmd or slurmstepd, by the kernel's exe
+// link (kinds). comm and argv are the process's own to write (prctl,
+// /proc/self/comm; slurmstepd itself rewrites its argv), so neither is
+// read; and only root can start a root process. Processes that exit while
+// being read are skipped. An error only when /proc cannot be listed.
 func SlurmProcs() ([]Proc, error) {
 	mount, err := Mountpoint()
 	if err != nil {
@@ -405,6 +436,7 @@ func SlurmProcs() ([]Proc, error) {
 		return nil, fmt.Errorf("list /proc: %w", err)
 	}
 	var out []Proc
+	known := kinds{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
@@ -414,17 +446,15 @@ func SlurmProcs() ([]Proc, error) {
 		if err != nil {
 			continue
 		}
-		if n := exeName(exe); n != "slurmstepd" && n != "slurmd" {
-			continue
-		}
-		if !rootProc(pid) {
+		kind := known.of(exe)
+		if kind == "" || !rootProc(pid) {
 			continue
 		}
 		cg, err := PathOf(pid)
 		if err != nil {
 			continue
 		}
-		out = append(out, Proc{PID: pid, Exe: exe, Cgroup: filepath.Join(mount, path.Clean("/"+cg))})
+		out = append(out, Proc{PID: pid, Kind: kind, Exe: exe, Cgroup: filepath.Join(mount, path.Clean("/"+cg))})
 	}
 	return out, nil
 }

@@ -64,6 +64,16 @@ func newCgTree(t *testing.T) *cgTree {
 	for _, name := range []string{"slurmstepd", "slurmd"} {
 		copyFile(t, sleep, filepath.Join(tr.bin, name))
 	}
+	// Debian's layout: slurmstepd-wlm, and slurmstepd a link to it.
+	deb := filepath.Join(tr.bin, "debian")
+	if err := os.Mkdir(deb, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, sleep, filepath.Join(deb, "slurmstepd-wlm"))
+	copyFile(t, sleep, filepath.Join(deb, "other-wlm"))
+	if err := os.Symlink("slurmstepd-wlm", filepath.Join(deb, "slurmstepd")); err != nil {
+		t.Fatal(err)
+	}
 	return tr
 }
 
@@ -300,12 +310,15 @@ func TestPrivilegedFindScope(t *testing.T) {
 }
 
 // TestPrivilegedSlurmProcs: a root process running a binary named
-// slurmstepd is Slurm's; the same binary run by a user, or a root process
-// that only renamed itself (comm), is not.
+// slurmstepd, or the file a slurmstepd link beside it names (Debian's
+// slurmstepd-wlm), is Slurm's; the same binary run by a user, another
+// binary, or a root process that only renamed itself (comm), is not.
 func TestPrivilegedSlurmProcs(t *testing.T) {
 	tr := newCgTree(t)
 	tr.mkdir("a", "", 0)
 	root := tr.run("a", "slurmstepd", 0)
+	debian := tr.run("a", "debian/slurmstepd-wlm", 0)
+	other := tr.run("a", "debian/other-wlm", 0)
 	usr := tr.run("a", "slurmstepd", userUID)
 	// A root shell that names itself slurmstepd (comm is the process's
 	// own to write) and stays.
@@ -332,10 +345,12 @@ func TestPrivilegedSlurmProcs(t *testing.T) {
 	for _, p := range ps {
 		got[p.PID] = p
 	}
-	if p, ok := got[root]; !ok || p.Cgroup != filepath.Join(tr.root, "a") || !p.IsStepd() {
-		t.Errorf("root slurmstepd %d: %+v, %v; want it in %s", root, p, ok, filepath.Join(tr.root, "a"))
+	for _, pid := range []int{root, debian} {
+		if p, ok := got[pid]; !ok || p.Cgroup != filepath.Join(tr.root, "a") || !p.IsStepd() {
+			t.Errorf("root slurmstepd %d: %+v, %v; want it in %s", pid, p, ok, filepath.Join(tr.root, "a"))
+		}
 	}
-	for _, pid := range []int{usr, named.Process.Pid} {
+	for _, pid := range []int{usr, other, named.Process.Pid} {
 		if p, ok := got[pid]; ok {
 			t.Errorf("pid %d counted as Slurm's: %+v", pid, p)
 		}
