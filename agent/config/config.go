@@ -59,8 +59,9 @@ type Config struct {
 	// short host name.
 	NodeName string `yaml:"node_name"`
 	// Scope is the cgroup directory of Slurm's slurmstepd scope; empty means
-	// found from the first step's own cgroup, or an existing
-	// system.slice/*slurmstepd.scope.
+	// found where slurmd makes it (jobcgroup.Find: <CgroupSlice>/
+	// [<node>_]slurmstepd.scope, root's, holding Slurm's processes), or from
+	// the first step's own cgroup.
 	Scope string `yaml:"scope"`
 	// Mode is auto, scope (one filter on the scope, kernel >= 6.1) or
 	// per-cgroup (one filter per step cgroup, older kernels).

@@ -165,6 +165,12 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		Users:     d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize, Resume: resume})
 	d.enf = enforcer.New(enforcer.Options{
 		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
+		Slice: func() string {
+			// Unreadable now: system.slice, where nothing but root makes a
+			// cgroup; steps are refused on the same error anyway.
+			st, _ := settings.Get()
+			return st.CgroupSlice
+		},
 		NewFilter: newFilter, Registry: d.reg, Recorder: rec,
 		OnAttach: func(f enforcer.Filter) {
 			adopted := false
@@ -210,7 +216,8 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			d.log.Error("write the state file (gpufence status reads it while the agent is down)", "file", cfg.StateFile, "err", err)
 		}
 	}
-	if scope := d.enf.FindScope(); scope != "" {
+	found := d.enf.FindScope()
+	if scope := found.Scope; scope != "" {
 		// Jobs already running with no record (gpufence put on a busy
 		// node): slurmctld is asked now, and their entries are written
 		// before the filter's program first runs (beforeEnforce).
@@ -228,8 +235,8 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		}
 		// Steps that ended while the agent was away.
 		d.rc.Pass()
-	} else {
-		d.log.Info("Slurm's slurmstepd scope does not exist yet; the filter is attached when the first step registers", "cgroup_mount", mount)
+	} else if found.Err == nil {
+		d.log.Info("Slurm's slurmstepd scope does not exist yet; the filter is attached when the first step registers", "cgroup_mount", mount, "expected", found.Expected)
 	}
 	if p := d.countsPath(); p != "" {
 		// Taken (or not needed): after a crash the next agent must not

@@ -53,10 +53,46 @@ func (tr *tree) serve(d *Daemon) string {
 	return sock
 }
 
+// slurmd runs a stand-in for Slurm's slurmd in the scope's slurmd cgroup,
+// where Slurm 23.02+ puts a slurmd it did not get from systemd: a root
+// process running a binary named slurmd (a copy of sleep), which is what
+// verify takes as proof that the scope is Slurm's.
+func (tr *tree) slurmd() *exec.Cmd { return tr.slurmProc("slurmd", tr.mkdir("slurmd")) }
+
+// slurmProc runs a root process of a binary named name (a copy of sleep)
+// in the cgroup dir.
+func (tr *tree) slurmProc(name, dir string) *exec.Cmd {
+	tr.t.Helper()
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	bin := filepath.Join(tr.t.TempDir(), name)
+	b, err := os.ReadFile(sleep)
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		tr.t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "300")
+	if err := tr.inCgroup(dir, cmd, cmd.Start); err != nil {
+		tr.t.Fatal(err)
+	}
+	tr.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}
+
 // verify runs gpufence verify's self-test against the agent on sock.
 func (tr *tree) verify(sock string, gpu *int) verify.Report {
 	tr.t.Helper()
-	r := verify.Run(verify.Options{Socket: sock, Scope: tr.scope, GPU: gpu, Timeout: 10 * time.Second,
+	return tr.verifyIn(sock, tr.scope, gpu)
+}
+
+// verifyIn runs the self-test with scope as verify's configured scope.
+func (tr *tree) verifyIn(sock, scope string, gpu *int) verify.Report {
+	tr.t.Helper()
+	r := verify.Run(verify.Options{Socket: sock, Scope: scope, GPU: gpu, Timeout: 10 * time.Second,
 		Child: []string{os.Args[0]}, Env: []string{"GPUFENCE_TEST_VERIFY_CHILD=1"}})
 	for _, c := range r.Checks {
 		tr.t.Logf("verify: ok=%v skipped=%v %s: %s (%d µs)", c.OK, c.Skipped, c.Name, c.Detail, c.TookUS)
@@ -122,7 +158,7 @@ func (tr *tree) passes(r verify.Report, mode devfilter.Mode, gpu int) {
 	if !r.OK || len(r.Failed) != 0 {
 		tr.t.Fatalf("verify failed on a healthy node: %q", r.Failed)
 	}
-	want := []string{"agent", "filter", "enforcing", "gpu0", "gpu1", "gpu2", "gpu3", "unregistered", "entry", "cleanup"}
+	want := []string{"slurm", "agent", "filter", "enforcing", "gpu0", "gpu1", "gpu2", "gpu3", "unregistered", "entry", "cleanup"}
 	for _, id := range want {
 		c, ok := checkNamed(r, id)
 		if !ok {
@@ -159,6 +195,7 @@ func testVerify(t *testing.T, mode devfilter.Mode) {
 	}
 	d, _ := tr.daemon(mode)
 	sock := tr.serve(d)
+	sd := tr.slurmd()
 	// A running job beside the self-test keeps exactly its GPU.
 	call(d, 0, &pb.JobProlog{JobId: 7, Uid: 1000, JobGpus: ptr("1")})
 	stepd := tr.start(tr.mkdir("job_7/step_0/slurm"))
@@ -194,7 +231,7 @@ func testVerify(t *testing.T, mode devfilter.Mode) {
 	tr.sameState("refused requests", before, tr.state(d))
 
 	if mode == devfilter.ModeScope {
-		tr.detached(d, sock, before, stepd)
+		tr.detached(d, sock, before, stepd, sd)
 	}
 	if stepd.ProcessState == nil {
 		stepd.Process.Kill()
@@ -207,17 +244,18 @@ func testVerify(t *testing.T, mode devfilter.Mode) {
 // detached: with the agent's filter off Slurm's live scope (its link
 // detached; the scope made again at the same path), verify fails and
 // names why, and passes again once the agent re-attached.
-func (tr *tree) detached(d *Daemon, sock string, before kernelState, stepd *exec.Cmd) {
+func (tr *tree) detached(d *Daemon, sock string, before kernelState, stepd, slurmd *exec.Cmd) {
 	t := tr.t
 	for _, how := range []string{"link detached", "scope made again"} {
 		switch how {
 		case "link detached":
 			tr.detachScopeLink()
 		case "scope made again":
-			tr.removeJobCgroup("", stepd)
+			tr.removeJobCgroup("", stepd, slurmd)
 			for _, dir := range []string{"system", "slurmd"} {
 				tr.mkdir(dir)
 			}
+			tr.slurmd()
 		}
 		n := len(tr.rec.Records(audit.EventVerify))
 		r := tr.verify(sock, nil)
@@ -327,4 +365,42 @@ func (tr *tree) refusals(d *Daemon, mode devfilter.Mode) {
 		t.Errorf("VerifyEnd of a step: %+v", r)
 	}
 	tr.expect(filepath.Join(tr.scope, "job_7/step_0/user/task_0"), 1)
+}
+
+// TestPrivilegedVerifyNotSlurmsScope: verify passes only against the
+// scope Slurm's own processes live in. With the agent's filter on another
+// cgroup (as a planted scope once captured it), verify fails whichever of
+// the two it is pointed at, and a scope in a user's delegated subtree is
+// refused outright.
+func TestPrivilegedVerifyNotSlurmsScope(t *testing.T) {
+	slurms := newTree(t)
+	slurms.slurmd()
+	slurms.slurmProc("slurmstepd", slurms.mkdir("job_3/step_0/slurm"))
+	other := newTree(t)
+	d, _ := other.daemon(devfilter.ModeAuto)
+	sock := other.serve(d)
+
+	r := slurms.verifyIn(sock, slurms.scope, nil)
+	if r.OK || !(slices.Contains(r.Failed, "agent refused the verify cgroup") || slices.Contains(r.Failed, "filter not on Slurm's scope")) {
+		t.Errorf("verify of Slurm's scope with the filter elsewhere: failed %q", r.Failed)
+	}
+	r = slurms.verifyIn(sock, other.scope, nil)
+	if r.OK || !slices.Equal(r.Failed, []string{"Slurm's processes do not live in the scope"}) {
+		t.Errorf("verify of the scope the filter is on, with no Slurm process: failed %q", r.Failed)
+	}
+
+	planted := filepath.Join(other.root, "user.slice", "user-64123.slice", "user@64123.service", "tn_slurmstepd.scope")
+	if err := os.MkdirAll(planted, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for p := planted; p != filepath.Join(other.root, "user.slice", "user-64123.slice"); p = filepath.Dir(p) {
+		if err := os.Chown(p, 64123, 64123); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = slurms.verifyIn(sock, planted, nil)
+	c, _ := checkNamed(r, "scope")
+	if r.OK || !strings.Contains(c.Detail, "a user's own cgroup subtree") {
+		t.Errorf("verify of a planted scope: failed %q, scope check %+v", r.Failed, c)
+	}
 }

@@ -79,6 +79,7 @@ func newNode(t *testing.T) *node {
 	}
 	n.write("/sys/fs/bpf/gpufence/state", "")
 	// Slurm 24.11 from Debian (multiple-slurmd): slurmd's scope, named by the node.
+	n.write("/sys/fs/cgroup/system.slice/gpu1_slurmstepd.scope/cgroup.procs", "")
 	n.write("/sys/fs/cgroup/system.slice/gpu1_slurmstepd.scope/slurmd/cgroup.procs", "")
 	n.listen()
 	if err := os.MkdirAll(n.path("/var/log/gpufence"), 0o750); err != nil {
@@ -470,7 +471,7 @@ func TestFailures(t *testing.T) {
 		{"gres autodetect only", func(n *node) { n.write("/etc/slurm/gres.conf", "AutoDetect=nvml\nNodeName=gpu1 Name=gpu Count=2\n") },
 			"gres", Warn, "AutoDetect=nvml", "File=", nil},
 		{"node not in slurm.conf", func(n *node) { n.env.Config.NodeName = "gpu9" },
-			"slurm-conf", Warn, "node_name gpu9 is not among", "node_name", []string{"gres"}},
+			"slurm-conf", Warn, "node_name gpu9 is not among", "node_name", []string{"gres", "slurm-layout"}},
 		{"slurm.conf missing", func(n *node) {
 			n.remove("/etc/slurm/slurm.conf")
 			n.write("/opt/slurm/etc/slurm.conf", slurmConf)
@@ -722,6 +723,12 @@ func TestLayout(t *testing.T) {
 		{"25.11 configured scope elsewhere", "slurm 25.11.7", "", []string{"system.slice/slurmstepd.scope", "old.slice/slurmstepd.scope"}, "/sys/fs/cgroup/old.slice/slurmstepd.scope",
 			Warn, "is not the one Slurm 25.11 uses here", ""},
 		{"no scope yet", "slurm 25.11.7", "", nil, "", Info, "no slurmstepd scope yet", "or /sys/fs/cgroup/system.slice/slurmstepd.scope"},
+		{"planted scope in a user's subtree", "slurm 25.11.7", "", []string{"system.slice/slurmstepd.scope", "user.slice/user-1000.slice/user@1000.service/gpu1_slurmstepd.scope"}, "",
+			Warn, "1 cgroup(s) named like Slurm's scope that are not Slurm's: /sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/gpu1_slurmstepd.scope", "inside user.slice, a user's own cgroup subtree"},
+		{"planted scope only", "slurm 25.11.7", "", []string{"user.slice/user-1000.slice/user@1000.service/gpu1_slurmstepd.scope"}, "",
+			Info, "no slurmstepd scope yet", "not where slurmd makes its scope"},
+		{"two scopes: ambiguous", "slurm 25.11.7", "", []string{"system.slice/slurmstepd.scope", "system.slice/gpu1_slurmstepd.scope"}, "",
+			Fail, "Slurm's scope is ambiguous", ""},
 		{"25.05 ConstrainDevices", "slurm 25.05.8", "ConstrainDevices=yes\n", []string{"system.slice/slurmstepd.scope"}, "",
 			OK, "layout of Slurm 25.05", "fails a step whose own device program cannot be attached"},
 		{"26.05 SLUID", "slurm 26.05.5", "", []string{"system.slice/gpu1_slurmstepd.scope"}, "",
@@ -735,6 +742,7 @@ func TestLayout(t *testing.T) {
 			n := newNode(t)
 			n.remove(cg + "/system.slice")
 			for _, s := range tc.scopes {
+				n.write(cg+"/"+s+"/cgroup.procs", "")
 				n.write(cg+"/"+s+"/slurmd/cgroup.procs", "")
 			}
 			n.slurmd(tc.slurmd)

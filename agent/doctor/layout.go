@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 )
@@ -76,42 +77,61 @@ func (r *run) checkLayout() Check {
 	}
 	c.add("slurmd makes its scope at %s (built with multiple-slurmd support, as Debian's packages are) or %s", want[0], want[1])
 
-	var found []string
-	for _, p := range jobcgroup.FindScopes(r.env.path(mount)) {
-		found = append(found, r.nodePath(p))
-	}
-	picked := ""
+	// The agent's own rule (jobcgroup.Find): only where slurmd makes it,
+	// root's, holding Slurm's processes; a cgroup bearing the name
+	// anywhere else is not Slurm's.
 	cfgScope := r.env.Config.Scope
-	if p := jobcgroup.FindScope(r.env.path(mount), r.cfgPath(cfgScope), node); p != "" {
-		picked = r.nodePath(p)
+	where := r.where(mount, node, slice)
+	auto := jobcgroup.Find(where)
+	found := auto
+	if cfgScope != "" {
+		where.Configured = r.cfgPath(cfgScope)
+		found = jobcgroup.Find(where)
 	}
-	if len(found) > 0 {
-		c.add("slurmstepd scopes here: %s", strings.Join(found, " "))
-	}
-	// The scope in the slice: this node's name or the plain one first,
-	// else one named for another node name (node_name differs from
-	// slurmd's).
-	inSlice := ""
-	for _, f := range found {
-		if filepath.Dir(f) == filepath.Join(mount, slice) && (inSlice == "" || f == want[0] || f == want[1]) {
-			inSlice = f
+	var ignored []string
+	unroot := func(s string) string {
+		if r.env.Root == "" || r.env.Root == "/" {
+			return s
 		}
+		return strings.ReplaceAll(s, filepath.Clean(r.env.Root), "")
 	}
+	for _, cand := range auto.Candidates {
+		line := r.nodePath(cand.Path)
+		if cand.Proof != "" {
+			line += " (" + cand.Proof + ")"
+		}
+		if cand.Refused != "" {
+			line += ": " + unroot(cand.Refused)
+			if !cand.Expected {
+				ignored = append(ignored, r.nodePath(cand.Path))
+			}
+		}
+		c.add("cgroup named like Slurm's scope: %s", line)
+	}
+	inSlice := r.nodePath(auto.Scope)
+	picked := r.nodePath(found.Scope)
 	switch {
+	case found.Err != nil:
+		c.fail("Remove the cgroup that is not Slurm's scope (stop its processes first), or set scope in /etc/gpufence/agent.yaml to the one slurmd made: the agent attaches to neither and refuses GPU steps outside the scope it is on.",
+			"%s", unroot(found.Err.Error()))
 	case cfgScope != "" && picked == "":
 		c.fail("Set scope in /etc/gpufence/agent.yaml to the scope slurmd made, or remove it: the agent finds the scope itself.",
 			"the configured scope %s does not exist", cfgScope)
 	case cfgScope != "" && inSlice != "" && cfgScope != inSlice:
 		c.warn("Remove scope from /etc/gpufence/agent.yaml (the agent finds Slurm's scope itself), or set it to "+inSlice+".",
 			"the configured scope %s is not the one Slurm %s uses here, %s", cfgScope, v.Release(), inSlice)
-	case len(found) == 0:
+	case picked == "" && otherNode(auto) != "":
+		c.warn("Set node_name in /etc/gpufence/agent.yaml to slurmd's node name (slurmd -N), or set scope to "+r.nodePath(otherNode(auto))+".",
+			"no scope for node_name %s, but %s, named for another node: the agent takes only its own node's scope", node, r.nodePath(otherNode(auto)))
+	case picked == "" && len(ignored) > 0 && len(ignored) == len(auto.Candidates) && !inUserSubtree(auto):
+		c.warn(fmt.Sprintf("Stop the slurmstepds of %s and restart slurmd, which then makes its scope in %s (see CgroupSlice in cgroup.conf(5)).", strings.Join(ignored, " "), slice),
+			"no scope in %s, the slice this cgroup.conf gives, but %s: a scope left from before CgroupSlice changed", filepath.Join(mount, slice), strings.Join(ignored, " "))
+	case picked == "":
 		c.info("no slurmstepd scope yet: slurmd makes one at its start")
-	case inSlice == "":
-		c.warn(fmt.Sprintf("Stop the slurmstepds of %s and restart slurmd, which then makes its scope in %s (see CgroupSlice in cgroup.conf(5)).", strings.Join(found, " "), slice),
-			"no scope in %s, the slice this cgroup.conf gives, but %s: a scope left from before CgroupSlice changed", filepath.Join(mount, slice), strings.Join(found, " "))
-	case picked != inSlice:
-		c.warn("Set scope: "+inSlice+" in /etc/gpufence/agent.yaml (node_name does not say which scope is this node's).",
-			"several scopes (%s): the agent would take %q, not %s", strings.Join(found, " "), picked, inSlice)
+	}
+	if len(ignored) > 0 && found.Err == nil && picked != "" {
+		c.warn("Find who made "+strings.Join(ignored, " ")+" (its owner) and remove it; the agent ignores it.",
+			"%d cgroup(s) named like Slurm's scope that are not Slurm's: %s", len(ignored), strings.Join(ignored, " "))
 	}
 
 	switch {
@@ -152,4 +172,45 @@ func (r *run) cfgPath(p string) string {
 		return ""
 	}
 	return r.env.path(p)
+}
+
+// where is where slurmd makes its scope on the node doctor looks at. On a
+// fixture (Root set) the slice is found below Root, owned by the fixture's
+// admin, and no Slurm process is known.
+func (r *run) where(mount, node, slice string) jobcgroup.Where {
+	w := jobcgroup.Where{Mount: r.env.path(mount), Node: node, Slice: slice}
+	if r.env.Root != "" && r.env.Root != "/" {
+		w.Base = w.Mount
+		w.Procs = func() ([]jobcgroup.Proc, error) { return nil, nil }
+		var st syscall.Stat_t
+		if syscall.Stat(r.env.Root, &st) == nil {
+			w.Owner = st.Uid
+		}
+	}
+	return w
+}
+
+// otherNode is a scope in the slice slurmd uses named for another node
+// (node_name differs from slurmd's), "" if none.
+func otherNode(f jobcgroup.Found) string {
+	if len(f.Expected) == 0 {
+		return ""
+	}
+	for _, c := range f.Candidates {
+		if !c.Expected && filepath.Dir(c.Path) == filepath.Dir(f.Expected[0]) && strings.HasSuffix(c.Path, "_slurmstepd.scope") {
+			return c.Path
+		}
+	}
+	return ""
+}
+
+// inUserSubtree reports whether a cgroup named like a scope lies in a
+// user's delegated subtree: never a scope left by Slurm.
+func inUserSubtree(f jobcgroup.Found) bool {
+	for _, c := range f.Candidates {
+		if strings.Contains(c.Refused, "a user's own cgroup subtree") {
+			return true
+		}
+	}
+	return false
 }

@@ -8,6 +8,7 @@
 package enforcer
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -58,6 +59,9 @@ type Options struct {
 	Log *slog.Logger
 	// Mount is the cgroup v2 mount; Scope the configured scope ("" = found).
 	Mount, Scope, Node string
+	// Slice returns cgroup.conf's CgroupSlice as it is now ("" =
+	// system.slice): where slurmd makes its scope. nil = system.slice.
+	Slice func() string
 	// Exempt are the scope's children that keep every device.
 	Exempt []string
 	// PinDir is where the filter pins (for the stale cleanup at start).
@@ -91,6 +95,14 @@ type Enforcer struct {
 	// ended are per-cgroup mode entries of released cgroups, kept deny-all
 	// until the cgroup is gone.
 	ended map[uint64]devfilter.Cgroup
+
+	// noteMu guards what FindScope last reported, so that a problem that
+	// lasts is logged and audited once, not at every reconcile.
+	noteMu      sync.Mutex
+	lastProblem string
+	ignored     map[string]bool
+	// gone: the scope the filter is on was seen removed (logged once).
+	gone bool
 }
 
 // New returns an enforcer with no filter yet.
@@ -101,7 +113,7 @@ func New(o Options) *Enforcer {
 	if o.OnRelease == nil {
 		o.OnRelease = func(uint64, registry.Owner) {}
 	}
-	return &Enforcer{o: o, ended: map[uint64]devfilter.Cgroup{}}
+	return &Enforcer{o: o, ended: map[uint64]devfilter.Cgroup{}, ignored: map[string]bool{}}
 }
 
 func (e *Enforcer) lifecycle(ev audit.Event, sev audit.Severity, msg string, fill func(*audit.Record)) {
@@ -112,9 +124,57 @@ func (e *Enforcer) lifecycle(ev audit.Event, sev audit.Severity, msg string, fil
 	e.o.Recorder.Emit(r)
 }
 
-// FindScope returns Slurm's scope on this node as it is now, "" if none.
-func (e *Enforcer) FindScope() string {
-	return jobcgroup.FindScope(e.o.Mount, e.o.Scope, e.o.Node)
+// Where is where slurmd makes its scope on this node, as now configured.
+func (e *Enforcer) Where() jobcgroup.Where {
+	w := jobcgroup.Where{Mount: e.o.Mount, Configured: e.o.Scope, Node: e.o.Node}
+	if e.o.Slice != nil {
+		w.Slice = e.o.Slice()
+	}
+	return w
+}
+
+// FindScope finds Slurm's scope on this node as it is now (jobcgroup.Find:
+// only where slurmd makes it, root's, holding Slurm's processes). A scope
+// that cannot be told (Found.Err) is logged and audited, once while it
+// lasts; a cgroup named like a scope anywhere else (a user can make one in
+// their own delegated subtree) is logged once as ignored. It reads /proc:
+// never call it holding e.mu.
+func (e *Enforcer) FindScope() jobcgroup.Found {
+	f := jobcgroup.Find(e.Where())
+	e.note(f)
+	return f
+}
+
+func (e *Enforcer) note(f jobcgroup.Found) {
+	e.noteMu.Lock()
+	defer e.noteMu.Unlock()
+	for _, c := range f.Ignored() {
+		if !c.Expected && !e.ignored[c.Path] {
+			e.ignored[c.Path] = true
+			e.o.Log.Warn("a cgroup named like Slurm's scope is not Slurm's; ignored", "cgroup", c.Path, "reason", c.Refused)
+		}
+	}
+	problem := ""
+	if f.Err != nil {
+		problem = f.Err.Error()
+	}
+	if problem == e.lastProblem {
+		return
+	}
+	e.lastProblem = problem
+	if problem == "" {
+		e.o.Log.Info("Slurm's scope can be told again", "cgroup", f.Scope)
+		return
+	}
+	on := e.Scope()
+	msg := "Slurm's scope cannot be told, so the GPU device filter is attached to nothing new and moved nowhere; GPU steps outside the scope it is on are refused"
+	if on != "" {
+		msg = "Slurm's scope cannot be told; the GPU device filter stays on " + on + ", and steps under any other scope are refused"
+	}
+	e.o.Log.Error(msg, "err", f.Err, "cgroup", on)
+	e.lifecycle(audit.EventFilterAttachFailed, audit.SeverityError, msg, func(r *audit.Record) {
+		r.Cgroup, r.Error = on, problem
+	})
 }
 
 // Filter returns the attached filter, nil before one is.
@@ -331,8 +391,12 @@ func (e *Enforcer) Ended() int {
 // the scope was made again, refreshes the exempt entries and sweeps
 // entries no registered cgroup owns whose cgroup is gone.
 func (e *Enforcer) Reconcile() {
-	scope := e.FindScope()
+	// A scope that cannot be told (two candidates, an untrusted one) moves
+	// nothing: the filter stays where it is.
+	found := e.FindScope()
+	scope := found.Scope
 	e.mu.Lock()
+	e.noteGoneLocked(found)
 	switch {
 	case e.filter == nil && scope != "":
 		if err := e.attachLocked(scope); err != nil {
@@ -348,6 +412,21 @@ func (e *Enforcer) Reconcile() {
 	e.refreshExemptLocked()
 	e.sweepOrphansLocked()
 	e.mu.Unlock()
+}
+
+// noteGoneLocked logs, once per disappearance, that the scope the filter
+// is on was removed (slurmd stopped with its scope) and nothing replaces it
+// yet: no cgroup merely named like it is taken meanwhile. e.mu is held.
+func (e *Enforcer) noteGoneLocked(f jobcgroup.Found) {
+	if e.filter == nil || e.scope == "" {
+		return
+	}
+	_, err := os.Stat(e.scope)
+	gone := errors.Is(err, os.ErrNotExist) && f.Scope == ""
+	if gone && !e.gone {
+		e.o.Log.Info("Slurm's scope is gone; the filter is re-attached when slurmd makes it again, never to another cgroup meanwhile", "cgroup", e.scope, "expected", f.Expected)
+	}
+	e.gone = gone
 }
 
 // cleanStaleLocked removes pinned kernel entries of cgroups that no longer

@@ -51,7 +51,8 @@ func IsVerifyDir(name string) bool {
 // cgroup below the scope the filter guards. It repairs nothing: what it
 // finds wrong with the filter is reported for verify to name.
 func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, error) {
-	live := h.Enforcer.FindScope()
+	found := h.Enforcer.FindScope()
+	live := found.Scope
 	if live == "" {
 		live = h.Enforcer.Scope()
 	}
@@ -103,6 +104,11 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 		return nil, fmt.Errorf("verify: %v", err)
 	}
 	mode, scope, problem := h.Enforcer.Guards(live)
+	if found.Err != nil {
+		// The filter may be where it was; that it cannot be shown to be
+		// on Slurm's scope is what verify must fail on.
+		problem = strings.TrimPrefix(problem+"; ", "; ") + found.Err.Error()
+	}
 
 	h.verifyMu.Lock()
 	for vid, v := range h.verifying {

@@ -4,7 +4,6 @@ package jobcgroup
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -61,55 +60,5 @@ func TestPathOfSelf(t *testing.T) {
 	}
 	if _, err := PathOf(-5); err == nil {
 		t.Error("PathOf(-5) gave no error")
-	}
-}
-
-func TestFindScope(t *testing.T) {
-	mk := func(t *testing.T, dirs ...string) string {
-		t.Helper()
-		m := t.TempDir()
-		for _, d := range dirs {
-			if err := os.MkdirAll(filepath.Join(m, d), 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return m
-	}
-	for _, tc := range []struct {
-		name       string
-		dirs       []string
-		configured string // relative to the mount
-		node       string
-		want       string // relative to the mount, "" for none
-	}{
-		{"debian 22.05", []string{"system.slice/vm_slurmstepd.scope/job_1/step_0", "system.slice/cron.service"}, "", "vm", "system.slice/vm_slurmstepd.scope"},
-		{"25.11 from source", []string{"system.slice/slurmstepd.scope/slurmd", "system.slice/slurmstepd.scope/system"}, "", "vm", "system.slice/slurmstepd.scope"},
-		{"25.11 CgroupSlice", []string{"system.slice/cron.service", "gpufence_test.slice/slurmstepd.scope/slurmd"}, "", "vm", "gpufence_test.slice/slurmstepd.scope"},
-		{"nested slice", []string{"batch.slice/batch-gpu.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0"}, "", "n1", "batch.slice/batch-gpu.slice/slurmstepd.scope"},
-		{"26.05 SLUID job dirs", []string{"system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_batch", "system.slice/slurmstepd.scope/slurmd"}, "", "n1", "system.slice/slurmstepd.scope"},
-		{"own node among several", []string{"system.slice/a_slurmstepd.scope", "system.slice/b_slurmstepd.scope"}, "", "b", "system.slice/b_slurmstepd.scope"},
-		{"other nodes only", []string{"system.slice/a_slurmstepd.scope", "system.slice/b_slurmstepd.scope"}, "", "c", ""},
-		{"single other name", []string{"system.slice/gpu-1_slurmstepd.scope"}, "", "gpu-1.cluster", "system.slice/gpu-1_slurmstepd.scope"},
-		{"two plain scopes: unclear", []string{"system.slice/slurmstepd.scope", "gpufence_test.slice/slurmstepd.scope"}, "", "vm", ""},
-		{"none", []string{"system.slice/cron.service", "user.slice"}, "", "vm", ""},
-		{"configured", []string{"custom/slurm", "system.slice/slurmstepd.scope"}, "custom/slurm", "vm", "custom/slurm"},
-		{"configured missing", []string{"system.slice/slurmstepd.scope"}, "custom/slurm", "vm", ""},
-		{"too deep", []string{"a.slice/b.slice/c.slice/d.slice/slurmstepd.scope"}, "", "vm", ""},
-		{"job trees are not searched", []string{"system.slice/slurmstepd.scope/job_1/step_0/x_slurmstepd.scope"}, "", "vm", "system.slice/slurmstepd.scope"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := mk(t, tc.dirs...)
-			conf := ""
-			if tc.configured != "" {
-				conf = filepath.Join(m, tc.configured)
-			}
-			want := ""
-			if tc.want != "" {
-				want = filepath.Join(m, tc.want)
-			}
-			if got := FindScope(m, conf, tc.node); got != want {
-				t.Errorf("FindScope = %q, want %q (scopes found: %v)", got, want, FindScopes(m))
-			}
-		})
 	}
 }

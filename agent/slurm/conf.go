@@ -180,6 +180,9 @@ type Settings struct {
 	SwitchType, SwitchParameters string
 	// GresConf is the gres.conf beside slurm.conf.
 	GresConf string
+	// CgroupSlice is cgroup.conf's (Slurm 25.11): the slice slurmd makes
+	// its scope in; "" = system.slice.
+	CgroupSlice string
 }
 
 // LocalGPUIndices reports whether Slurm itself numbers CUDA_VISIBLE_DEVICES
@@ -246,6 +249,9 @@ func readSettings(fsys fileSystem, path string) (Settings, error) {
 		for _, l := range lines {
 			if v, ok := l.Get("ConstrainDevices"); ok {
 				s.ConstrainDevices = strings.EqualFold(v, "yes")
+			}
+			if v, ok := l.Get("CgroupSlice"); ok {
+				s.CgroupSlice = v
 			}
 		}
 	}

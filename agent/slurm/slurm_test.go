@@ -185,12 +185,13 @@ func TestReadSettings(t *testing.T) {
 	tests := []struct {
 		slurm, cgroup string
 		wantLocal     bool
+		wantSlice     string
 	}{
-		{"ClusterName=c1\nTaskPlugin=task/affinity,task/cgroup\n", "ConstrainDevices=yes\n", true},
-		{"TaskPlugin=task/affinity,task/cgroup\n", "ConstrainDevices=no\n", false},
-		{"TaskPlugin=task/cgroup\n", "", false},
-		{"TaskPlugin=task/affinity\n", "ConstrainDevices=yes\n", false},
-		{"taskplugin=task/cgroup\n", "constraindevices=YES\n", true},
+		{"ClusterName=c1\nTaskPlugin=task/affinity,task/cgroup\n", "ConstrainDevices=yes\n", true, ""},
+		{"TaskPlugin=task/affinity,task/cgroup\n", "ConstrainDevices=no\nCgroupSlice=gpu.slice\n", false, "gpu.slice"},
+		{"TaskPlugin=task/cgroup\n", "", false, ""},
+		{"TaskPlugin=task/affinity\n", "ConstrainDevices=yes\n", false, ""},
+		{"taskplugin=task/cgroup\n", "constraindevices=YES\ncgroupslice=\"batch.slice\"\n", true, "batch.slice"},
 	}
 	for _, tt := range tests {
 		dir := t.TempDir()
@@ -210,6 +211,9 @@ func TestReadSettings(t *testing.T) {
 		}
 		if s.GresConf != filepath.Join(dir, "gres.conf") {
 			t.Errorf("GresConf = %s", s.GresConf)
+		}
+		if s.CgroupSlice != tt.wantSlice {
+			t.Errorf("%q: CgroupSlice = %q, want %q", tt.cgroup, s.CgroupSlice, tt.wantSlice)
 		}
 	}
 	if _, err := ReadSettings(filepath.Join(t.TempDir(), "none.conf")); err == nil {

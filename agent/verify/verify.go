@@ -41,8 +41,9 @@ type Options struct {
 	// Socket is the agent's socket.
 	Socket string
 	// Mount is the cgroup v2 mount ("" = found); Scope the configured
-	// scope ("" = found as the agent finds it) and Node this node's name.
-	Mount, Scope, Node string
+	// scope ("" = found as the agent finds it), Node this node's name and
+	// Slice cgroup.conf's CgroupSlice ("" = system.slice).
+	Mount, Scope, Node, Slice string
 	// GPU is the GPU index to give; nil: the agent's lowest.
 	GPU *int
 	// Timeout bounds the whole self-test.
@@ -130,12 +131,23 @@ func run(o Options, r *Report, start time.Time) {
 		}
 		mount = m
 	}
-	scope := jobcgroup.FindScope(mount, o.Scope, o.Node)
-	if scope == "" {
-		r.add(fail("scope", "Slurm's slurmstepd scope not found", "below "+mount+" (configured scope: "+o.Scope+"); slurmd makes it when it starts"))
+	found := jobcgroup.Find(jobcgroup.Where{Mount: mount, Configured: o.Scope, Node: o.Node, Slice: o.Slice})
+	scope := found.Scope
+	switch {
+	case found.Err != nil:
+		r.add(fail("scope", "Slurm's slurmstepd scope cannot be told", found.Err.Error()))
+		return
+	case scope == "":
+		r.add(fail("scope", "Slurm's slurmstepd scope not found", strings.Join(found.Expected, " or ")+" does not exist; slurmd makes it when it starts"))
 		return
 	}
 	r.Scope = scope
+	// The scope tested must be the one Slurm's own steps live in, not a
+	// cgroup that only bears its name: a self-test below any other would
+	// pass while jobs run unfiltered.
+	if !slurmCheck(r, found) {
+		return
+	}
 	removeStale(scope)
 
 	dir := filepath.Join(scope, handler.VerifyPrefix+strconv.Itoa(os.Getpid()))
@@ -177,6 +189,8 @@ func run(o Options, r *Report, start time.Time) {
 		c.TookUS = took
 		r.add(c)
 		switch {
+		case info.FilterProblem == "" && info.Scope != scope:
+			r.add(fail("filter", "filter not on Slurm's scope", fmt.Sprintf("the agent's filter is on %s, but Slurm's processes live in %s", info.Scope, scope)))
 		case info.FilterProblem == "" && info.Mode == "scope":
 			r.add(pass("filter", "filter attached to the live scope", fmt.Sprintf("%s mode, %s", info.Mode, info.Scope)))
 		case info.FilterProblem == "":
@@ -204,6 +218,37 @@ func run(o Options, r *Report, start time.Time) {
 		}
 	}
 	cleanup(r, dir, info, o.Socket, start)
+}
+
+// slurmCheck checks that Slurm's own processes (root's, running slurmd or
+// slurmstepd, jobcgroup.SlurmProcs) live in the scope: with none there,
+// the scope cannot be shown to be the one Slurm's steps are in, and
+// verify fails.
+func slurmCheck(r *Report, found jobcgroup.Found) bool {
+	var in, out []string
+	for _, p := range found.Procs {
+		if p.Cgroup == found.Scope || strings.HasPrefix(p.Cgroup, found.Scope+"/") {
+			in = append(in, p.String())
+		} else if p.IsStepd() {
+			out = append(out, p.String())
+		}
+	}
+	switch {
+	case len(in) > 0:
+		// slurmstepds elsewhere are not counted against it: another
+		// slurmd's (multiple-slurmd), or one not yet moved into its job.
+		r.add(pass("slurm", "Slurm's own processes live in the scope", strings.Join(in, ", ")))
+		return true
+	case len(out) > 0:
+		r.add(fail("slurm", "Slurm's processes do not live in the scope", fmt.Sprintf("none in %s; %s", found.Scope, strings.Join(out, ", "))))
+		return false
+	}
+	// An idle node whose slurmd is not in the scope (started by systemd,
+	// or Slurm before 23.02): nothing to show either way; the scope is
+	// where slurmd makes it and root's (Find).
+	r.add(Check{ID: "slurm", Name: "no Slurm process to check the scope against", Skipped: true,
+		Detail: "no slurmd or slurmstepd runs in " + found.Scope + " and no slurmstepd runs elsewhere"})
+	return true
 }
 
 // judgeGiven checks what the registered child met: its GPU's files open,

@@ -17,6 +17,13 @@ import (
 // path. No job may run. Only a scope this cluster created is removed; it
 // returns the scope's cgroup id before and after.
 func (c *Cluster) RecreateScope(ctx context.Context) (before, after uint64, err error) {
+	return c.RecreateScopeThen(ctx, nil)
+}
+
+// RecreateScopeThen is RecreateScope calling whileGone, when not nil,
+// after the scope is removed and before slurmd starts again: a test holds
+// the node there until what it watches for happened.
+func (c *Cluster) RecreateScopeThen(ctx context.Context, whileGone func() error) (before, after uint64, err error) {
 	scope := c.ScopeDir()
 	if c.st.Scope == "" || c.st.ScopeExisted[scope] || len(c.st.ScopesBefore[scope]) > 0 {
 		return 0, 0, errors.New("the slurmstepd scope existed before this cluster started: not removing it")
@@ -37,6 +44,11 @@ func (c *Cluster) RecreateScope(ctx context.Context) (before, after uint64, err 
 		}
 		if err := rmdirRetry(d); err != nil {
 			return 0, 0, fmt.Errorf("remove cgroup %s: %w", d, err)
+		}
+	}
+	if whileGone != nil {
+		if err := whileGone(); err != nil {
+			return 0, 0, errors.Join(err, c.startSlurmd(ctx))
 		}
 	}
 	if err := c.startSlurmd(ctx); err != nil {

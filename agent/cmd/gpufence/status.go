@@ -26,6 +26,7 @@ import (
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
@@ -104,6 +105,13 @@ type statusInput struct {
 	CgroupAlive map[uint64]bool
 	// Scope is the slurmstepd scope directory found, "" if none.
 	Scope string
+	// SlurmScope is Slurm's scope as the agent finds it (jobcgroup.Find)
+	// and SlurmScopeID its cgroup id; ScopeErr why it cannot be told;
+	// IgnoredScopes the cgroups named like a scope that are not Slurm's.
+	SlurmScope    string
+	SlurmScopeID  uint64
+	ScopeErr      string
+	IgnoredScopes []jobcgroup.Candidate
 	// Exempt names the exempt cgroups of the scope by their current id.
 	Exempt      map[uint64]string
 	StateFile   string
@@ -167,6 +175,12 @@ type filterReport struct {
 	LayoutVersion uint32 `json:"layout_version,omitempty"`
 	// Scope is the slurmstepd scope directory found on this node.
 	Scope string `json:"scope,omitempty"`
+	// SlurmScope is Slurm's scope as the agent finds it: where slurmd
+	// makes it, root's, holding Slurm's processes. IgnoredScopes are the
+	// cgroups named like a scope that are not (a user can make one in
+	// their own delegated subtree), each with why.
+	SlurmScope    string                `json:"slurm_scope,omitempty"`
+	IgnoredScopes []jobcgroup.Candidate `json:"ignored_scopes,omitempty"`
 	// Enforcement is enforce or audit-only, from the pinned config map;
 	// NvidiaMajor the major it narrows.
 	Enforcement string `json:"enforcement,omitempty"`
@@ -282,7 +296,10 @@ func buildStatus(in statusInput) statusReport {
 	}
 
 	// The kernel view.
-	f := filterReport{PinDir: in.PinDir, Scope: in.Scope}
+	f := filterReport{PinDir: in.PinDir, Scope: in.Scope, SlurmScope: in.SlurmScope, IgnoredScopes: in.IgnoredScopes}
+	if in.ScopeErr != "" {
+		problem("scope: %s: the agent attaches the filter to no new scope and moves it nowhere", in.ScopeErr)
+	}
 	kv := in.Kernel
 	kernelKnown := false
 	switch {
@@ -318,6 +335,8 @@ func buildStatus(in statusInput) statusReport {
 				problem("filter: the scope link %d is defunct: its cgroup (%d) is gone", kv.Link.ID, kv.ScopeID)
 			case kv.Link.CgroupID != kv.ScopeID:
 				problem("filter: the scope link %d is on cgroup %d, the pinned state says the scope is %d", kv.Link.ID, kv.Link.CgroupID, kv.ScopeID)
+			case in.SlurmScopeID != 0 && kv.ScopeID != in.SlurmScopeID:
+				problem("filter: the filter is on cgroup %d, but Slurm's scope %s is cgroup %d", kv.ScopeID, in.SlurmScope, in.SlurmScopeID)
 			}
 		}
 	}
@@ -515,6 +534,12 @@ func writeStatus(w io.Writer, r statusReport) {
 		pf("  mode\t%s\n", mode)
 		if f.Scope != "" {
 			pf("  scope\t%s\n", f.Scope)
+		}
+		if f.SlurmScope != "" && f.SlurmScope != f.Scope {
+			pf("  slurm's scope\t%s\n", f.SlurmScope)
+		}
+		for _, c := range f.IgnoredScopes {
+			pf("  not a scope\t%s: %s\n", c.Path, c.Refused)
 		}
 		if f.Enforcement != "" {
 			pf("  enforcement\t%s (NVIDIA major %d)\n", f.Enforcement, f.NvidiaMajor)
@@ -716,17 +741,32 @@ func gatherStatus(cfg config.Config) statusInput {
 			}
 		}
 	}
-	// The scope: the one the pinned state names, else the state file's or
-	// the configured one.
+	// Slurm's scope, by the agent's own rule.
 	var candidates []string
+	if mnt, err := jobcgroup.Mountpoint(); err == nil {
+		w := jobcgroup.Where{Mount: mnt, Configured: cfg.Scope, Node: cfg.NodeName}
+		if st, err := slurm.ReadSettings(cfg.SlurmConf); err == nil {
+			w.Slice = st.CgroupSlice
+		}
+		found := jobcgroup.Find(w)
+		if found.Err != nil {
+			in.ScopeErr = found.Err.Error()
+		}
+		in.SlurmScope, in.IgnoredScopes = found.Scope, found.Ignored()
+		if found.Scope != "" {
+			in.SlurmScopeID, _ = jobcgroup.ID(found.Scope)
+		}
+	}
+	// The scope shown: the one the pinned state names, else the state
+	// file's, the configured one or Slurm's.
 	if in.State != nil && in.State.Scope != "" {
 		candidates = append(candidates, in.State.Scope)
 	}
 	if cfg.Scope != "" {
 		candidates = append(candidates, cfg.Scope)
 	}
-	if mnt, err := jobcgroup.Mountpoint(); err == nil {
-		candidates = append(candidates, jobcgroup.FindScopes(mnt)...)
+	if in.SlurmScope != "" {
+		candidates = append(candidates, in.SlurmScope)
 	}
 	for _, c := range candidates {
 		id, err := jobcgroup.ID(c)

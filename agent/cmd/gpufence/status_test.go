@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -488,4 +489,37 @@ func privilegedStatus(t *testing.T, mnt string, mode devfilter.Mode) {
 		t.Errorf("human status after Remove: exit %d", code)
 	}
 	t.Logf("mismatch:\n%s", human.String())
+}
+
+// TestStatusScope: status names a cgroup that only bears the scope's name
+// (a user's planted one) without calling it a problem, and calls one a
+// problem when Slurm's scope cannot be told or the filter is on another
+// cgroup than Slurm's scope.
+func TestStatusScope(t *testing.T) {
+	planted := "/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/n1_slurmstepd.scope"
+	in := consistentInput(t)
+	in.SlurmScope, in.SlurmScopeID = scopeDir, 50
+	in.IgnoredScopes = []jobcgroup.Candidate{{Path: planted, Refused: "not where slurmd makes its scope; inside user.slice, a user's own cgroup subtree"}}
+	r := buildStatus(in)
+	if !r.OK || r.Filter.SlurmScope != scopeDir || len(r.Filter.IgnoredScopes) != 1 || r.Filter.IgnoredScopes[0].Path != planted {
+		t.Errorf("planted scope: ok=%v problems %q, filter %+v", r.OK, r.Problems, r.Filter)
+	}
+	var out bytes.Buffer
+	writeStatus(&out, r)
+	if !strings.Contains(out.String(), "not a scope  "+planted) {
+		t.Errorf("text output does not name %s:\n%s", planted, out.String())
+	}
+
+	in.SlurmScopeID = 51
+	r = buildStatus(in)
+	if want := "filter: the filter is on cgroup 50, but Slurm's scope " + scopeDir + " is cgroup 51"; !slices.Equal(r.Problems, []string{want}) {
+		t.Errorf("filter off Slurm's scope: problems %q, want %q", r.Problems, want)
+	}
+
+	in.SlurmScope, in.SlurmScopeID = "", 0
+	in.ScopeErr = "Slurm's scope is ambiguous: Slurm's processes run in both a and b"
+	r = buildStatus(in)
+	if len(r.Problems) != 1 || !strings.HasPrefix(r.Problems[0], "scope: "+in.ScopeErr) || r.OK {
+		t.Errorf("ambiguous scope: ok=%v problems %q", r.OK, r.Problems)
+	}
 }

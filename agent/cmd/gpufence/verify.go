@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/agent/verify"
 )
 
@@ -67,6 +68,11 @@ Flags:
 		return 2
 	}
 	o := verify.Options{Socket: cfg.Socket, Scope: cfg.Scope, Node: cfg.NodeName, Timeout: *timeout}
+	// Where slurmd makes its scope: cgroup.conf's CgroupSlice. Unreadable,
+	// system.slice is looked at (and verify fails if that is not it).
+	if st, err := slurm.ReadSettings(cfg.SlurmConf); err == nil {
+		o.Slice = st.CgroupSlice
+	}
 	if *gpu >= 0 {
 		o.GPU = gpu
 	}
