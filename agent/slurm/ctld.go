@@ -99,6 +99,14 @@ const (
 // tried, and this one skipped for squeueBackoff.
 var errTooBig = errors.New("answer too large or too slow for this form")
 
+// errNoVerdict marks an answer that says nothing about the job: no record
+// of it and no error naming why. 25.11's scontrol --json show job <id>
+// prints exactly that (exit 0, "jobs": [], "errors": []) both for a job it
+// does not know and when it could not connect to slurmctld; 22.05's squeue
+// --json prints a bare "Unspecified error" when it could not. The next form
+// is asked; they say which it is.
+var errNoVerdict = errors.New("no record of the job and no error saying why")
+
 // errUnsupported marks a query form this Slurm's clients do not offer (no
 // --json before 23.02 for scontrol; no JSON serializer plugin installed).
 var errUnsupported = errors.New("not supported by this Slurm's clients")
@@ -178,7 +186,7 @@ func (c *Controller) Job(ctx context.Context, id uint32) (ControllerJob, error) 
 			c.mu.Unlock()
 			continue
 		}
-		if errors.Is(err, errTooBig) {
+		if errors.Is(err, errTooBig) || errors.Is(err, errNoVerdict) {
 			errs = append(errs, fmt.Errorf("%s: %w", queries[i].name, err))
 			continue
 		}
@@ -299,7 +307,14 @@ func (c *Controller) scontrolJSON(ctx context.Context, id uint32) (ControllerJob
 		}
 		return ControllerJob{}, fmt.Errorf("scontrol --json show job %d: %v: %s", id, err, firstLine(stderr))
 	}
-	return ParseJobJSON(out, id, c.Node)
+	doc, err := parseJobsDoc(out)
+	if err != nil {
+		return ControllerJob{}, err
+	}
+	if !doc.has(id) && len(doc.Errors) == 0 {
+		return ControllerJob{}, errNoVerdict
+	}
+	return doc.job(id, c.Node)
 }
 
 // squeueJSON reads job id from one `squeue --json -w <node>` shared by
@@ -335,6 +350,9 @@ func (c *Controller) squeueJSON(ctx context.Context, id uint32) (ControllerJob, 
 	}
 	if call.err != nil {
 		return ControllerJob{}, call.err
+	}
+	if !call.doc.has(id) && slices.ContainsFunc(call.doc.Errors, func(e jsonError) bool { return e.ErrorNumber == -1 }) {
+		return ControllerJob{}, errNoVerdict
 	}
 	return call.doc.job(id, c.Node)
 }
@@ -405,12 +423,19 @@ type jsonJob struct {
 
 // jobsDoc is one JSON answer of scontrol or squeue.
 type jobsDoc struct {
-	Jobs   []jsonJob `json:"jobs"`
-	Errors []struct {
-		Error       string `json:"error"`
-		Description string `json:"description"`
-		ErrorNumber int    `json:"error_number"`
-	} `json:"errors"`
+	Jobs   []jsonJob   `json:"jobs"`
+	Errors []jsonError `json:"errors"`
+}
+
+type jsonError struct {
+	Error       string `json:"error"`
+	Description string `json:"description"`
+	ErrorNumber int    `json:"error_number"`
+}
+
+// has reports whether the answer holds a record of job id.
+func (doc jobsDoc) has(id uint32) bool {
+	return slices.ContainsFunc(doc.Jobs, func(j jsonJob) bool { return j.JobID != nil && *j.JobID == id })
 }
 
 func parseJobsDoc(out []byte) (jobsDoc, error) {

@@ -265,6 +265,7 @@ func TestControllerBoundedAnswers(t *testing.T) {
 	tests := []struct {
 		name     string
 		scontrol string
+		squeue   string // "": must not be asked
 		want     string // "unreachable", "ambiguous", "unknown" or "ok"
 		reason   string // in the error
 	}{
@@ -279,7 +280,11 @@ func TestControllerBoundedAnswers(t *testing.T) {
 		{name: "socket timeout: slurmctld answered slowly", scontrol: "echo 'slurm_load_jobs error: Socket timed out on send/recv operation' >&2; exit 1", want: "ambiguous", reason: "Socket timed out"},
 		{name: "send failure after connecting", scontrol: "echo 'slurm_load_jobs error: Unable to contact slurm controller (send failure)' >&2; exit 1", want: "ambiguous", reason: "send failure"},
 		// A user's job name cannot make an answer read as a connect failure.
-		{name: "connect failure text in a job name", scontrol: `echo '{"jobs":[{"job_id":8,"name":"Unable to contact slurm controller (connect failure)"}],"errors":[]}'`, want: "unknown"},
+		{name: "connect failure text in a job name", scontrol: `echo '{"jobs":[{"job_id":7,"name":"Unable to contact slurm controller (connect failure)","user_id":1000,"job_state":["RUNNING"],"job_resources":{"nodes":{"list":"n1"}},"gres_detail":["gpu:1(IDX:3)"]}],"errors":[]}'; echo 'Unable to contact slurm controller (connect failure)' >&2`, want: "ok"},
+		// 25.11 prints this for an unknown job and when it cannot connect:
+		// the node's listing says which.
+		{name: "empty answer, slurmctld down", scontrol: `echo '{"jobs":[],"errors":[]}'`, squeue: "echo 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2; exit 1", want: "unreachable"},
+		{name: "empty answer, job unknown", scontrol: `echo '{"jobs":[],"errors":[]}'`, squeue: `echo '{"jobs":[],"errors":[]}'`, want: "unknown"},
 		{name: "unknown job", scontrol: "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1", want: "unknown"},
 		{name: "answer", scontrol: "echo '" + jobJSON(7, 3) + "'", want: "ok"},
 	}
@@ -287,7 +292,10 @@ func TestControllerBoundedAnswers(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFakeClients(t)
 			f.write("scontrol", tt.scontrol)
-			f.write("squeue", "echo 'squeue must not be asked' >&2; exit 1")
+			if tt.squeue == "" {
+				tt.squeue = "echo 'squeue must not be asked' >&2; exit 1"
+			}
+			f.write("squeue", tt.squeue)
 			ctx, cancel := context.WithTimeout(context.Background(), budget)
 			defer cancel()
 			t0 := time.Now()
@@ -318,7 +326,7 @@ func TestControllerBoundedAnswers(t *testing.T) {
 			if got == "ok" && !slices.Equal(j.GPUs, []int{3}) {
 				t.Errorf("got %+v", j)
 			}
-			if n := f.count("squeue"); n != 0 {
+			if n := f.count("squeue"); n != 0 && strings.Contains(tt.squeue, "must not") {
 				t.Errorf("squeue asked %d times: a per-job answer was there", n)
 			}
 		})
@@ -387,6 +395,18 @@ func TestControllerSqueueShared(t *testing.T) {
 		// (a question may come as one listing ends).
 		if n := f.count("squeue --json -w vm"); n < 2 || n > 4 {
 			t.Errorf("squeue --json -w vm ran %d times for 9 questions", n)
+		}
+	})
+	t.Run("slurmctld down", func(t *testing.T) {
+		// What 22.05's squeue --json prints then (exit 0); its scontrol
+		// says why.
+		f := newFakeClients(t)
+		f.write("scontrol", noJSON+"\necho 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2; exit 1")
+		f.write("squeue", `echo '{"errors":[{"description":"Failed while looking for jobs","error_number":-1,"error":"Unspecified error","source":"slurm_load_jobs"}],"jobs":[]}'`)
+		c := &Controller{Node: "vm", BinDir: f.dir}
+		var unreach *UnreachableError
+		if _, err := c.Job(context.Background(), 3); !errors.As(err, &unreach) {
+			t.Errorf("got %v, want an UnreachableError", err)
 		}
 	})
 	for _, tc := range []struct{ name, squeue string }{
