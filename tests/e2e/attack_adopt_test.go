@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/tests/cluster"
 )
 
 // floodSlow is how long the flood must make a full `squeue --json` take:
@@ -23,6 +24,10 @@ const floodSlow = 4 * time.Second
 
 // floodMax bounds the held jobs (slurm.conf's MaxJobCount is 10,000).
 const floodMax = 9000
+
+// hammers is how many listings of the flood the attacker keeps running at
+// once while the agent starts.
+const hammers = 6
 
 // TestPrivilegedAttackAdoptSlowSlurmctld is issue 18's third attack. The
 // agent loses its records while the attacker's gpu:1 job runs, probing
@@ -146,6 +151,28 @@ done
 	}
 	t.Logf("flood: %d held jobs submitted in %v; squeue --json %v, %d bytes", n, time.Since(t0).Round(time.Second), took.Round(time.Millisecond), size)
 
+	// While the agent starts, the job user also keeps slurmctld busy:
+	// listings of the flood, several at once, each seconds of slurmctld's
+	// time, so that even one job's question waits.
+	hammerStop := filepath.Join(work, fmt.Sprintf("slowadopt-hammer-stop-%d", stamp))
+	hammer := filepath.Join(work, "slowadopt-hammer.sh")
+	if err := os.WriteFile(hammer, []byte(fmt.Sprintf("#!/bin/sh\nfor i in $(seq 1 %d); do\n\t(while [ ! -e %s ]; do squeue --json >/dev/null 2>&1; done) &\ndone\nwait\n", hammers, hammerStop)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hammered := make(chan cluster.Result, 1)
+	go func() { hammered <- st.c.Run(st.ctx, user, hammer) }()
+	stopHammer := func() time.Duration {
+		t0 := time.Now()
+		os.WriteFile(hammerStop, nil, 0o644)
+		if hammered != nil {
+			<-hammered
+			hammered = nil
+		}
+		return time.Since(t0)
+	}
+	defer stopHammer()
+	time.Sleep(2 * time.Second) // the listings under way
+
 	// Records lost; the agent starts with the flood in place.
 	tStart := time.Now()
 	st.killAgentLoseState(t, agentOpts{})
@@ -162,9 +189,11 @@ done
 		}
 	}
 
-	// 20 s with the flood, then the flood cancelled.
+	// 20 s with the flood and the listings, then the listings stopped and
+	// the flood cancelled.
 	time.Sleep(20 * time.Second)
 	tFlood := time.Now()
+	t.Logf("%d concurrent listings stopped (%v to end)", hammers, stopHammer().Round(time.Millisecond))
 	cancelFlood()
 	deadline = time.Now().Add(2 * time.Minute)
 	for {
@@ -213,7 +242,7 @@ done
 		from, to time.Time
 	}
 	windows := []window{
-		{"adopted, flood in place (20 s)", ready, tFlood},
+		{"adopted, flood and listings (20 s)", ready, tFlood},
 		{"flood cancelled", tFlood, tEnd},
 	}
 	var bad []string
