@@ -10,10 +10,12 @@
 // (agent/recovery, agent/slurm.Controller); Apply writes their records and
 // kernel entries, which the agent does before its program first runs
 // (devfilter.Options.BeforeAttach). A job slurmctld confirms keeps exactly
-// its GPUs on this node. A job it cannot confirm because it could not be
-// asked is handled as adopt_unconfirmed says (audit-only for that job
-// alone, or deny) until slurmctld answers or the job ends; a job it refuses
-// (ambiguous answer, another owner, not running here) gets no GPU.
+// its GPUs on this node. A job it cannot confirm because its client could
+// not connect is handled as adopt_unconfirmed says (deny, the default, or
+// audit-only for that job alone and at most adopt_unconfirmed_max) until
+// slurmctld answers or the job ends; a job it refuses (an ambiguous, slow,
+// oversize or malformed answer, another owner, not running here) gets no
+// GPU: a user can make slurmctld slow, so slowness is not an outage.
 package adopt
 
 import (
@@ -69,7 +71,7 @@ type Adopter struct {
 	Table    Table
 	Recorder Recorder
 	Users    Names
-	// Unconfirmed is registry.UnconfirmedAuditOnly or UnconfirmedDeny.
+	// Unconfirmed is registry.UnconfirmedDeny or UnconfirmedAuditOnly.
 	Unconfirmed string
 	// Parallel bounds the questions to slurmctld in flight; default 8.
 	Parallel int
@@ -92,9 +94,9 @@ type Job struct {
 	// the job's task processes (the kernel's, not a job field).
 	UID     uint32
 	Outcome recovery.Outcome
-	// Refused: slurmctld answered and did not vouch for the job (unknown,
-	// not running here, an ambiguous answer): it gets no GPU, whatever
-	// adopt_unconfirmed says, since a job user can steer an ambiguous answer.
+	// Refused: slurmctld did not vouch for the job (unknown, not running
+	// here, an ambiguous, slow or unusable answer): it gets no GPU, whatever
+	// adopt_unconfirmed says, since a job user can cause each of those.
 	Refused bool
 }
 

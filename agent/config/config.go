@@ -128,11 +128,17 @@ type Config struct {
 	// JSON where the release prints it, else strictly structured text.
 	RecoverFromSlurmctld bool `yaml:"recover_from_slurmctld"`
 	// AdoptUnconfirmed is how a job found running with no record at start
-	// is handled when slurmctld cannot be asked about it: audit-only (its
-	// steps open any GPU, each open outside nothing is audited) or deny
-	// (no GPU), until slurmctld confirms it or it ends. A job slurmctld
-	// confirms keeps its GPUs; one it refuses gets none, whatever this says.
+	// is handled when slurmctld cannot be asked about it (its client could
+	// not connect): deny (the default: no GPU) or audit-only (its steps
+	// open any GPU, each open audited, for at most AdoptUnconfirmedMax),
+	// until slurmctld confirms it or it ends. A job slurmctld confirms
+	// keeps its GPUs; one it refuses, or whose answer is slow or cannot be
+	// used, gets none, whatever this says.
 	AdoptUnconfirmed string `yaml:"adopt_unconfirmed"`
+	// AdoptUnconfirmedMax bounds how long an audit-only unconfirmed job
+	// may open any GPU: past it (counted from its adoption) it is denied
+	// until slurmctld confirms it.
+	AdoptUnconfirmedMax Duration `yaml:"adopt_unconfirmed_max"`
 	// FailOpenSpool is where the SPANK plugin (failure=open, spool=) records
 	// steps it let run without isolation; the agent audits and removes them.
 	FailOpenSpool string `yaml:"failopen_spool"`
@@ -288,7 +294,8 @@ func Default() Config {
 		PinDir:               "/sys/fs/bpf/gpufence",
 		StateFile:            "/var/lib/gpufence/state.json",
 		RecoverFromSlurmctld: true,
-		AdoptUnconfirmed:     AdoptAuditOnly,
+		AdoptUnconfirmed:     AdoptDeny,
+		AdoptUnconfirmedMax:  Duration{10 * time.Minute},
 		IMEXChannels:         IMEXAuto,
 		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
 		NVML:                 NVMLAuto,
@@ -446,7 +453,10 @@ func (c Config) Validate(source string) error {
 	switch c.AdoptUnconfirmed {
 	case AdoptAuditOnly, AdoptDeny:
 	default:
-		bad("adopt_unconfirmed", "%q is not one of audit-only, deny", c.AdoptUnconfirmed)
+		bad("adopt_unconfirmed", "%q is not one of deny, audit-only", c.AdoptUnconfirmed)
+	}
+	if m := c.AdoptUnconfirmedMax.Duration; m < time.Second || m > 24*time.Hour {
+		bad("adopt_unconfirmed_max", "%s must be between 1s and 24h", c.AdoptUnconfirmedMax)
 	}
 	if c.PinDir != "" && !filepath.IsAbs(c.PinDir) {
 		bad("pin_dir", "%q must be an absolute path on bpffs (or empty)", c.PinDir)

@@ -4,7 +4,6 @@ package daemon
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -115,8 +114,9 @@ func adoptedRecord(recs []audit.Record, job uint32) (audit.Record, bool) {
 // Jobs running when the agent first starts (gpufence put on a busy node)
 // are taken over before the filter first runs: a job slurmctld confirms
 // keeps exactly its GPUs and never sees an EPERM on them; one slurmctld
-// cannot be asked about is audit-only (the default) until it answers; one
-// slurmctld refuses (ambiguous, unknown) gets nothing.
+// cannot be asked about (connect failure) is audit-only, as configured
+// here, until it answers; one slurmctld refuses (ambiguous, unknown) or
+// whose answer did not come in time gets nothing.
 func TestPrivilegedAdoptRunningJobsScope(t *testing.T) { testAdoptRunningJobs(t, devfilter.ModeScope) }
 func TestPrivilegedAdoptRunningJobsPerCgroup(t *testing.T) {
 	testAdoptRunningJobs(t, devfilter.ModePerCgroup)
@@ -131,7 +131,8 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 	}
 	// Job 7 (uid 1000) holds GPU 1; job 8 (uid 1001) is one slurmctld
 	// cannot be asked about; job 9's answer is ambiguous (a forged job
-	// name); job 10 slurmctld does not know.
+	// name); job 10 slurmctld does not know; job 11's answer did not come
+	// in time (issue 18: a user's flood made slurmctld slow).
 	own := tr.mkdir("job_7/step_0/user/task_0")
 	tr.mkdir("job_7/step_0/slurm")
 	tr.mkdir("job_7/step_extern/slurm")
@@ -139,15 +140,18 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 	j8 := tr.mkdir("job_8/step_0/user/task_0")
 	j9 := tr.mkdir("job_9/step_batch/user/task_0")
 	j10 := tr.mkdir("job_10/step_0/user/task_0")
+	j11 := tr.mkdir("job_11/step_batch/user/task_0")
 	tr.asUID(j8, 1001)
+	tr.asUID(j11, 1002)
 	tr.ctld.set(7, slurm.ControllerJob{ID: 7, UID: 1000, State: "RUNNING", OnNode: true, GPUs: []int{1}, Source: "test json"}, nil)
-	tr.ctld.set(8, slurm.ControllerJob{}, errors.New("slurm_load_jobs error: Unable to contact slurm controller (connect failure)"))
+	tr.ctld.set(8, slurm.ControllerJob{}, &slurm.UnreachableError{Msg: "scontrol: slurm_load_jobs error: Unable to contact slurm controller (connect failure)"})
 	tr.ctld.set(9, slurm.ControllerJob{}, &slurm.AmbiguousError{Reason: "two per-node blocks name this node"})
+	tr.ctld.set(11, slurm.ControllerJob{}, &slurm.AmbiguousError{Reason: "squeue --json gave no complete answer in 1.8s"})
 
 	stopOwn := tr.prober(own, "nvidia1")
 	stopForeign := tr.prober(foreign, "nvidia0")
 	time.Sleep(100 * time.Millisecond) // both probing, no filter yet
-	d, _ := tr.daemon(mode)
+	d, _ := tr.daemonWith(mode, func(c *config.Config) { c.AdoptUnconfirmed = config.AdoptAuditOnly })
 	time.Sleep(100 * time.Millisecond)
 	gotOwn, gotForeign := stopOwn(), stopForeign()
 	if gotOwn["EPERM"] != 0 || gotOwn["ENXIO"] < 10 {
@@ -160,6 +164,7 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 	tr.expect(foreign, 1)
 	tr.expect(j9)
 	tr.expect(j10)
+	tr.expect(j11)            // slow is not unreachable: denied, whatever adopt_unconfirmed says
 	tr.expect(j8, 0, 1, 2, 3) // audit-only: opens, each audited
 
 	recs := tr.rec.Records(audit.EventJobAdopted)
@@ -174,6 +179,12 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 	}
 	if _, ok := adoptedRecord(recs, 10); !ok {
 		t.Errorf("no job_adopted record for job 10: %+v", recs)
+	}
+	if r, ok := adoptedRecord(recs, 11); !ok || r.Severity != audit.SeverityError || !strings.Contains(r.Message, "no complete answer") {
+		t.Errorf("job 11's job_adopted record: %+v (found %v)", r, ok)
+	}
+	if j, _, ok := d.job(11); !ok || j.Unconfirmed != registry.UnconfirmedDeny {
+		t.Errorf("job 11, whose answer did not come in time: %+v (found %v), want recorded as denied", j, ok)
 	}
 	j, steps, ok := d.job(8)
 	if !ok || j.Unconfirmed != registry.UnconfirmedAuditOnly || j.UID != 1001 || len(steps) != 1 || !steps[0].AuditOnly {
@@ -224,15 +235,16 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 	}
 }
 
-// adopt_unconfirmed: deny gives a job slurmctld cannot be asked about no
-// GPU, refuses its GPU steps with a message that says why, and lets its
-// CPU-only steps run; a later ambiguous answer keeps it denied.
+// adopt_unconfirmed: deny, the default, gives a job slurmctld cannot be
+// asked about no GPU, refuses its GPU steps with a message that says why,
+// and lets its CPU-only steps run; a later ambiguous answer keeps it
+// denied.
 func TestPrivilegedAdoptUnconfirmedDeny(t *testing.T) {
 	tr := newTree(t)
 	task := tr.mkdir("job_8/step_0/user/task_0")
 	tr.asUID(task, 1001)
-	tr.ctld.set(8, slurm.ControllerJob{}, errors.New("timed out"))
-	d, _ := tr.daemonWith(devfilter.ModeAuto, func(c *config.Config) { c.AdoptUnconfirmed = config.AdoptDeny })
+	tr.ctld.set(8, slurm.ControllerJob{}, &slurm.UnreachableError{Msg: "connect failure"})
+	d, _ := tr.daemon(devfilter.ModeAuto)
 	tr.expect(task)
 	s1 := tr.start(tr.mkdir("job_8/step_1/slurm"))
 	d.recovery.Forget(8)
@@ -259,8 +271,8 @@ func TestPrivilegedAdoptAuditOnlyThenAmbiguous(t *testing.T) {
 	tr := newTree(t)
 	task := tr.mkdir("job_8/step_0/user/task_0")
 	tr.asUID(task, 1001)
-	tr.ctld.set(8, slurm.ControllerJob{}, errors.New("timed out"))
-	d, _ := tr.daemon(devfilter.ModeAuto)
+	tr.ctld.set(8, slurm.ControllerJob{}, &slurm.UnreachableError{Msg: "connect failure"})
+	d, _ := tr.daemonWith(devfilter.ModeAuto, func(c *config.Config) { c.AdoptUnconfirmed = config.AdoptAuditOnly })
 	tr.expect(task, 0, 1, 2, 3)
 	tr.ctld.set(8, slurm.ControllerJob{}, &slurm.AmbiguousError{Reason: "forged"})
 	d.recovery.Forget(8)
@@ -276,4 +288,37 @@ func TestPrivilegedAdoptAuditOnlyThenAmbiguous(t *testing.T) {
 	if _, _, ok := d.job(8); ok {
 		t.Error("job 8 kept after slurmctld said it completed")
 	}
+}
+
+// An audit-only unconfirmed job is denied once adopt_unconfirmed_max has
+// passed without slurmctld confirming it, and held to its GPUs when it
+// finally does.
+func TestPrivilegedAdoptAuditOnlyBounded(t *testing.T) {
+	tr := newTree(t)
+	task := tr.mkdir("job_8/step_0/user/task_0")
+	tr.asUID(task, 1001)
+	tr.ctld.set(8, slurm.ControllerJob{}, &slurm.UnreachableError{Msg: "connect failure"})
+	const max = time.Second
+	d, _ := tr.daemonWith(devfilter.ModeAuto, func(c *config.Config) {
+		c.AdoptUnconfirmed, c.AdoptUnconfirmedMax = config.AdoptAuditOnly, config.Duration{Duration: max}
+	})
+	tr.expect(task, 0, 1, 2, 3)
+	d.Reconcile()
+	tr.expect(task, 0, 1, 2, 3) // within the bound: still audit-only
+	// The bound is a span of time, so time must pass.
+	time.Sleep(max + 100*time.Millisecond)
+	d.Reconcile()
+	tr.expect(task)
+	j, steps, ok := d.job(8)
+	if !ok || j.Unconfirmed != registry.UnconfirmedDeny || len(steps) != 1 || steps[0].AuditOnly {
+		t.Fatalf("job 8 past adopt_unconfirmed_max: %+v %+v (found %v), want denied", j, steps, ok)
+	}
+	r, ok := adoptedRecord(slices.DeleteFunc(tr.rec.Records(audit.EventJobAdopted), func(r audit.Record) bool { return r.Severity != audit.SeverityError }), 8)
+	if !ok || !strings.Contains(r.Message, "adopt_unconfirmed_max") || r.PolicyMode != audit.ModeEnforce {
+		t.Errorf("job 8's record when denied: %+v (found %v)", r, ok)
+	}
+	tr.ctld.set(8, slurm.ControllerJob{ID: 8, UID: 1001, State: "RUNNING", OnNode: true, GPUs: []int{2}, Source: "test json"}, nil)
+	d.recovery.Forget(8)
+	d.Reconcile()
+	tr.expect(task, 2)
 }

@@ -191,7 +191,8 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	}
 	d.h = &handler.Handler{Log: d.log, Mount: mount, Scope: cfg.Scope, Registry: d.reg, Enforcer: d.enf, Table: d.table,
 		Settings: settings, Recorder: rec, Users: d.users, Recovery: d.recovery, Watch: d.watchStep, PolicyMode: d.policyMode,
-		IMEXMajor: cfg.IMEXChannelsMajor, IMEXFromSlurm: cfg.IMEXChannels == config.IMEXSlurm}
+		IMEXMajor: cfg.IMEXChannelsMajor, IMEXFromSlurm: cfg.IMEXChannels == config.IMEXSlurm,
+		UnconfirmedMax: cfg.AdoptUnconfirmedMax.Duration}
 	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery, Watcher: d.watch,
 		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
 

@@ -5,6 +5,7 @@ package handler
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/gpulist"
@@ -16,11 +17,15 @@ import (
 // say and no task process showed.
 const UnknownUID = ^uint32(0)
 
-// RetryUnconfirmed asks slurmctld again about each adopted job it could
-// not be asked about, when due (agent/recovery paces it): a job it now
+// RetryUnconfirmed denies each audit-only unconfirmed job adopted longer
+// than UnconfirmedMax ago, and asks slurmctld again about each adopted job
+// it could not vouch for, when due (agent/recovery paces it): a job it now
 // confirms is held to its GPUs, one it says ended is released, one whose
-// answer is ambiguous is denied every GPU.
+// answer is ambiguous (or slow) is denied every GPU.
 func (h *Handler) RetryUnconfirmed() {
+	for _, j := range h.Registry.Jobs() {
+		h.expireUnconfirmed(j)
+	}
 	if h.Recovery == nil {
 		return
 	}
@@ -29,6 +34,41 @@ func (h *Handler) RetryUnconfirmed() {
 			h.retryUnconfirmed(j)
 		}
 	}
+}
+
+// expireUnconfirmed denies j when it has been audit-only unconfirmed for
+// longer than UnconfirmedMax: an outage of slurmctld, which a user may
+// have caused, never leaves a job open to every GPU for long. It reports
+// whether it denied j.
+func (h *Handler) expireUnconfirmed(j registry.Job) bool {
+	if j.Unconfirmed != registry.UnconfirmedAuditOnly || h.UnconfirmedMax <= 0 || time.Since(j.Created) < h.UnconfirmedMax {
+		return false
+	}
+	why := fmt.Sprintf("job %d, adopted unconfirmed (audit-only) %s ago, was not confirmed by slurmctld within adopt_unconfirmed_max (%s); it now gets no GPU until slurmctld confirms it", j.ID, time.Since(j.Created).Round(time.Second), h.UnconfirmedMax)
+	return h.denyUnconfirmed(j, why, nil)
+}
+
+// denyUnconfirmed turns unconfirmed job j to deny: no GPU for its steps
+// until slurmctld confirms it.
+func (h *Handler) denyUnconfirmed(j registry.Job, why string, err error) bool {
+	steps, ok := h.Registry.Deny(j.ID, why)
+	if !ok {
+		return false
+	}
+	for _, s := range steps {
+		if err := h.Enforcer.Set(s.Cgroup, devfilter.Policy{}); err != nil {
+			h.Log.Error("unconfirmed job: deny a step", "job_id", j.ID, "cgroup", s.Cgroup.Path, "err", err)
+		}
+	}
+	h.Log.Error(why, "job_id", j.ID)
+	h.emit(audit.EventJobAdopted, audit.SeverityError, why, func(r *audit.Record) {
+		r.JobID, r.UID, r.User, r.Cgroup = j.ID, audit.UID(j.UID), h.Users.Name(j.UID), j.Dir
+		if err != nil {
+			r.Error = err.Error()
+		}
+		r.GPUs, r.Reason, r.PolicyMode = []int{}, why, audit.ModeEnforce
+	})
+	return true
 }
 
 func (h *Handler) retryUnconfirmed(j registry.Job) {
@@ -77,20 +117,12 @@ func (h *Handler) retryUnconfirmed(j registry.Job) {
 			r.GPUs, r.Reason, r.PolicyMode = slices.Clone(nj.GPUs), nj.Adopted, h.PolicyMode()
 		})
 	case o.Ambiguous:
-		steps, ok := h.Registry.Deny(j.ID, "slurmctld's answer was ambiguous: "+o.Message)
-		if !ok {
+		if j.Unconfirmed == registry.UnconfirmedDeny {
+			// Denied already; asked again at the next pass.
+			h.Log.Debug("unconfirmed job: slurmctld's answer still cannot be used", "job_id", j.ID, "err", o.Err)
 			return
 		}
-		for _, s := range steps {
-			if err := h.Enforcer.Set(s.Cgroup, devfilter.Policy{}); err != nil {
-				h.Log.Error("unconfirmed job: deny a step", "job_id", j.ID, "cgroup", s.Cgroup.Path, "err", err)
-			}
-		}
-		h.Log.Error(o.Message, "job_id", j.ID)
-		h.emit(audit.EventJobAdopted, audit.SeverityError, o.Message+"; the job, adopted unconfirmed, now gets no GPU", func(r *audit.Record) {
-			fill(r)
-			r.GPUs, r.Reason, r.PolicyMode = []int{}, o.Message, audit.ModeEnforce
-		})
+		h.denyUnconfirmed(j, o.Message+"; the job, adopted unconfirmed, now gets no GPU", o.Err)
 	default:
 		// Unknown to slurmctld, or not running here: it ended.
 		h.JobEnded(j.ID, o.Message)

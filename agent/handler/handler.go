@@ -65,6 +65,9 @@ type Handler struct {
 	Users    *users.Cache
 	// Recovery, when set, asks slurmctld for a job without prolog record.
 	Recovery *recovery.Recovery
+	// UnconfirmedMax bounds how long an adopted job stays audit-only
+	// unconfirmed (adopt_unconfirmed_max); 0: no bound.
+	UnconfirmedMax time.Duration
 	// Watch asks to be told when a step's cgroup goes (its end).
 	Watch func(cg devfilter.Cgroup)
 	// PolicyMode is what records say the filter enforces.
@@ -191,6 +194,9 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	}
 
 	j, known := h.Registry.Job(jobID)
+	if known && h.expireUnconfirmed(j) {
+		j, known = h.Registry.Job(jobID)
+	}
 	if known && j.Unconfirmed != "" && h.Recovery != nil && h.Recovery.Due(jobID) {
 		h.retryUnconfirmed(j)
 		j, known = h.Registry.Job(jobID)

@@ -82,11 +82,14 @@ type Outcome struct {
 	Message  string
 	Severity audit.Severity
 	Err      error
-	// Unreachable: slurmctld could not be asked (down, timed out), as
-	// opposed to an answer that refuses the job (unknown, ended, ambiguous,
-	// another owner). Only this is an outage; the rest say no.
+	// Unreachable: the client could not connect to slurmctld (down, not
+	// listening), as opposed to an answer that refuses the job (unknown,
+	// ended, ambiguous, another owner). Only this is an outage; the rest
+	// say no. A slow answer is not an outage: any user can make slurmctld
+	// slow (issue 18: a flood of held jobs with long names).
 	Unreachable bool
-	// Ambiguous: slurmctld's answer held lines a job field can fake.
+	// Ambiguous: slurmctld's answer cannot be trusted (lines a job field
+	// can fake, malformed, over the size cap, or not complete in time).
 	Ambiguous bool
 }
 
@@ -105,15 +108,20 @@ func (r *Recovery) ask(id uint32, wantUID *uint32, what string) Outcome {
 	defer cancel()
 	cj, err := r.Source.Job(ctx, id)
 	var amb *slurm.AmbiguousError
+	var unreach *slurm.UnreachableError
 	o := Outcome{Severity: audit.SeverityWarning, Err: err}
 	switch {
-	case errors.As(err, &amb):
-		o.Ambiguous = true
-		o.Message, o.Severity = fmt.Sprintf("job %d %s and slurmctld's answer about it is ambiguous (%s): a job field (name, comment, working directory) holds lines that look like Slurm's own; its steps get no GPU", id, what, amb.Reason), audit.SeverityError
 	case errors.Is(err, slurm.ErrJobUnknown):
 		o.Message = fmt.Sprintf("job %d %s and slurmctld does not know it; its steps get no GPU", id, what)
-	case err != nil:
+	case errors.As(err, &unreach):
 		o.Message, o.Unreachable = fmt.Sprintf("job %d %s and slurmctld could not be asked (%v); its steps get no GPU", id, what, err), true
+	case errors.As(err, &amb):
+		o.Ambiguous = true
+		o.Message, o.Severity = fmt.Sprintf("job %d %s and slurmctld's answer about it is ambiguous (%s), which a job user can cause (fields that imitate Slurm's output, a flood that makes slurmctld slow); its steps get no GPU", id, what, amb.Reason), audit.SeverityError
+	case err != nil:
+		// Not a connect failure: an answer that cannot be used.
+		o.Ambiguous = true
+		o.Message, o.Severity = fmt.Sprintf("job %d %s and slurmctld's answer about it cannot be used (%v); its steps get no GPU", id, what, err), audit.SeverityError
 	case !cj.Running():
 		o.Message = fmt.Sprintf("job %d %s and slurmctld says it is %s, not running on %s; its steps get no GPU", id, what, cj.State, r.Node)
 	case wantUID != nil && cj.UID != *wantUID:

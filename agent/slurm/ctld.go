@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // ControllerJob is slurmctld's view of one job on one node, read only from
@@ -57,9 +58,11 @@ func (j ControllerJob) Running() bool {
 // long enough ago to be purged (MinJobAge), or never existed.
 var ErrJobUnknown = errors.New("slurmctld does not know the job (ended and purged, or never existed)")
 
-// AmbiguousError is returned when slurmctld's output could be read in more
-// than one way, which is what a job user who writes newlines into their job
-// name, comment or working directory can cause. The job gets no GPU from it.
+// AmbiguousError is returned when slurmctld's output cannot be trusted to
+// name the job's GPUs: it could be read in more than one way (a job user's
+// newlines in their job name, comment or working directory), it is
+// malformed, it was cut at the cap, or no complete answer came in time (a
+// user can make slurmctld slow). The job gets no GPU from it.
 type AmbiguousError struct{ Reason string }
 
 func (e *AmbiguousError) Error() string {
@@ -70,13 +73,61 @@ func ambiguous(format string, a ...any) error {
 	return &AmbiguousError{Reason: fmt.Sprintf(format, a...)}
 }
 
+// UnreachableError is returned when the client said it could not connect
+// to slurmctld (Slurm's "Unable to contact slurm controller (connect
+// failure)"): slurmctld is down or not listening. It is the only error that
+// means slurmctld could not be asked; a slow or odd answer is an
+// *AmbiguousError, since a user can cause one.
+type UnreachableError struct{ Msg string }
+
+func (e *UnreachableError) Error() string { return "slurmctld unreachable: " + e.Msg }
+
+// connectFailure is how Slurm's clients say they could not connect
+// (slurm_strerror of SLURM_COMMUNICATIONS_CONNECTION_ERROR and of
+// SLURMCTLD_COMMUNICATIONS_CONNECTION_ERROR, 22.05 to 26.05).
+var connectFailure = []byte("Unable to contact slurm controller (connect failure)")
+
+// The error numbers of a connect failure in a JSON "errors" entry.
+const (
+	errnoConnection     = 1001 // SLURM_COMMUNICATIONS_CONNECTION_ERROR
+	errnoCtldConnection = 1800 // SLURMCTLD_COMMUNICATIONS_CONNECTION_ERROR
+)
+
+// errTooBig marks a query form whose answer is larger or slower than its
+// share of the question's time allows (22.05's squeue --json prints every
+// job of the cluster, which a user can make large): the next form is
+// tried, and this one skipped for squeueBackoff.
+var errTooBig = errors.New("answer too large or too slow for this form")
+
+// errNoVerdict marks an answer that says nothing about the job: no record
+// of it and no error naming why. 25.11's scontrol --json show job <id>
+// prints exactly that (exit 0, "jobs": [], "errors": []) both for a job it
+// does not know and when it could not connect to slurmctld; 22.05's squeue
+// --json prints a bare "Unspecified error" when it could not. The next form
+// is asked; they say which it is.
+var errNoVerdict = errors.New("no record of the job and no error saying why")
+
 // errUnsupported marks a query form this Slurm's clients do not offer (no
 // --json before 23.02 for scontrol; no JSON serializer plugin installed).
 var errUnsupported = errors.New("not supported by this Slurm's clients")
 
-// maxOutput caps what the agent reads from one client command: squeue on
-// 22.05 prints every job of the cluster.
-const maxOutput = 256 << 20
+// Caps on what the agent reads from one client command. One job's record
+// is tens of KB at most (slurmctld caps its strings at 1 KB, paths at
+// PATH_MAX; JSON escapes a control byte as six). squeue --json on 22.05
+// prints every job of the cluster whatever the filters: 5,000 held jobs
+// with long names print 300 MB and take 4.5 s there.
+const (
+	maxJobOutput    = 1 << 20
+	maxSqueueOutput = 64 << 20
+)
+
+// squeueShare is the part of a question's time the squeue form may use,
+// leaving the rest to the per-job text form should it be too slow.
+const squeueShare = 0.6
+
+// squeueBackoff is how long the squeue form is skipped once it was too
+// large or too slow.
+const squeueBackoff = 5 * time.Minute
 
 // Controller asks slurmctld about jobs with Slurm's own client commands,
 // which authenticate to slurmctld with munge like any other client.
@@ -93,10 +144,23 @@ type Controller struct {
 	mu sync.Mutex
 	// from is the first query form to try, once one failed as unsupported.
 	from int
+	// squeueSkip: the squeue form is skipped until then (errTooBig).
+	squeueSkip time.Time
+	// squeueCall is the squeue --json in flight, which every question
+	// asked meanwhile shares: one listing answers them all.
+	squeueCall *squeueCall
 }
 
-// queries are the forms tried in order: one job as JSON (23.02+), every job
-// as JSON (22.05's squeue ignores filters with --json), one job as text.
+type squeueCall struct {
+	done chan struct{}
+	doc  jobsDoc
+	err  error
+}
+
+// queries are the forms tried in order: one job as JSON (23.02+); the jobs
+// on the node as JSON (squeue --json -w; 22.05's squeue ignores the filter
+// and lists every job, so its answer is capped, and too large or too slow
+// passes to the next form); one job as text, read strictly.
 var queries = []struct {
 	name string
 	run  func(c *Controller, ctx context.Context, id uint32) (ControllerJob, error)
@@ -122,12 +186,29 @@ func (c *Controller) Job(ctx context.Context, id uint32) (ControllerJob, error) 
 			c.mu.Unlock()
 			continue
 		}
+		if errors.Is(err, errTooBig) || errors.Is(err, errNoVerdict) {
+			errs = append(errs, fmt.Errorf("%s: %w", queries[i].name, err))
+			continue
+		}
 		if err == nil {
 			j.Source = queries[i].name
 		}
-		return j, err
+		return j, classify(queries[i].name, err)
 	}
-	return ControllerJob{}, fmt.Errorf("no way to ask slurmctld: %w", errors.Join(errs...))
+	return ControllerJob{}, &AmbiguousError{Reason: fmt.Sprintf("no way to ask slurmctld: %v", errors.Join(errs...))}
+}
+
+// classify keeps ErrJobUnknown, *UnreachableError and *AmbiguousError, and
+// makes any other error (a client's odd failure, a field that does not
+// parse) an *AmbiguousError: only a connect failure means slurmctld could
+// not be asked.
+func classify(form string, err error) error {
+	var amb *AmbiguousError
+	var unreach *UnreachableError
+	if err == nil || errors.Is(err, ErrJobUnknown) || errors.As(err, &amb) || errors.As(err, &unreach) {
+		return err
+	}
+	return &AmbiguousError{Reason: fmt.Sprintf("%s: %v", form, err)}
 }
 
 func (c *Controller) bin(name string) string {
@@ -148,46 +229,76 @@ func (c *Controller) bin(name string) string {
 
 // run runs a Slurm client with an environment of its own: no variable of
 // the agent's (SQUEUE_FORMAT, SLURM_TIME_FORMAT, SLURM_CLUSTERS, …) may change
-// what it prints or whom it asks.
-func (c *Controller) run(ctx context.Context, name string, args ...string) (stdout, stderr []byte, err error) {
+// what it prints or whom it asks. It reads at most limit bytes of stdout:
+// past that the client is stopped and the answer is ambiguous, as is one
+// that did not end before ctx (a user can make slurmctld slow; only the
+// client's own connect failure says slurmctld is down).
+func (c *Controller) run(ctx context.Context, limit int, name string, args ...string) (stdout, stderr []byte, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, c.bin(name), args...)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C", "LC_ALL=C"}
 	if c.SlurmConf != "" {
 		cmd.Env = append(cmd.Env, "SLURM_CONF="+c.SlurmConf)
 	}
-	var out, errb capped
-	out.max, errb.max = maxOutput, 64<<10
-	cmd.Stdout, cmd.Stderr = &out, &errb
+	out := &capped{max: limit, full: cancel}
+	errb := &capped{max: 64 << 10}
+	cmd.Stdout, cmd.Stderr = out, errb
+	// A child the client left holding its stdout must not hold the agent
+	// past the deadline.
+	cmd.WaitDelay = 200 * time.Millisecond
+	t0 := time.Now()
 	err = cmd.Run()
-	if out.over {
-		return nil, nil, fmt.Errorf("%s printed more than %d bytes", name, maxOutput)
+	cmdline := strings.Join(append([]string{name}, args...), " ")
+	switch {
+	case out.over:
+		return nil, nil, &AmbiguousError{Reason: fmt.Sprintf("%s printed more than %d bytes", cmdline, limit)}
+	case err != nil && ctx.Err() != nil:
+		return nil, nil, &AmbiguousError{Reason: fmt.Sprintf("%s gave no complete answer in %v (%d bytes read)", cmdline, time.Since(t0).Round(time.Millisecond), out.Len())}
+	case err != nil && len(bytes.TrimSpace(out.Bytes())) == 0 && bytes.Contains(errb.Bytes(), connectFailure):
+		return nil, nil, &UnreachableError{Msg: cmdline + ": " + firstLine(errb.Bytes())}
 	}
 	return out.Bytes(), errb.Bytes(), err
 }
 
-// capped is a buffer that keeps at most max bytes and notes the overflow.
+// capped is a buffer that keeps at most max bytes; the write past them
+// notes the overflow and calls full (which stops the client: reading on
+// would cost the time and memory the cap is there to bound). It holds its
+// buffer in a field, not embedded: an embedded bytes.Buffer's ReadFrom
+// would be what io.Copy calls, past Write and its cap.
 type capped struct {
-	bytes.Buffer
+	buf  bytes.Buffer
 	max  int
 	over bool
+	full func()
 }
 
 func (b *capped) Write(p []byte) (int, error) {
-	if b.Len()+len(p) > b.max {
+	if b.over || b.buf.Len()+len(p) > b.max {
+		if !b.over && b.full != nil {
+			b.full()
+		}
 		b.over = true
 		return len(p), nil
 	}
-	return b.Buffer.Write(p)
+	return b.buf.Write(p)
 }
+
+func (b *capped) Bytes() []byte { return b.buf.Bytes() }
+func (b *capped) Len() int      { return b.buf.Len() }
 
 func unknownJobText(b []byte) bool {
 	return bytes.Contains(b, []byte("Invalid job id specified"))
 }
 
 func (c *Controller) scontrolJSON(ctx context.Context, id uint32) (ControllerJob, error) {
-	out, stderr, err := c.run(ctx, "scontrol", "--json", "show", "job", strconv.FormatUint(uint64(id), 10))
+	out, stderr, err := c.run(ctx, maxJobOutput, "scontrol", "--json", "show", "job", strconv.FormatUint(uint64(id), 10))
 	if err != nil && len(bytes.TrimSpace(out)) == 0 {
+		var amb *AmbiguousError
+		var unreach *UnreachableError
 		switch {
+		case errors.As(err, &amb), errors.As(err, &unreach):
+			return ControllerJob{}, err
 		case bytes.Contains(stderr, []byte("unrecognized option")), bytes.Contains(stderr, []byte("invalid option")),
 			bytes.Contains(stderr, []byte("plugin")) && bytes.Contains(stderr, []byte("JSON")):
 			return ControllerJob{}, fmt.Errorf("%w: %s", errUnsupported, firstLine(stderr))
@@ -196,24 +307,96 @@ func (c *Controller) scontrolJSON(ctx context.Context, id uint32) (ControllerJob
 		}
 		return ControllerJob{}, fmt.Errorf("scontrol --json show job %d: %v: %s", id, err, firstLine(stderr))
 	}
-	return ParseJobJSON(out, id, c.Node)
+	doc, err := parseJobsDoc(out)
+	if err != nil {
+		return ControllerJob{}, err
+	}
+	if !doc.has(id) && len(doc.Errors) == 0 {
+		return ControllerJob{}, errNoVerdict
+	}
+	return doc.job(id, c.Node)
 }
 
+// squeueJSON reads job id from one `squeue --json -w <node>` shared by
+// every question asked while it runs. It may use squeueShare of the time
+// left; an answer over the cap or slower than that is errTooBig, and the
+// form is then skipped for squeueBackoff.
 func (c *Controller) squeueJSON(ctx context.Context, id uint32) (ControllerJob, error) {
-	out, stderr, err := c.run(ctx, "squeue", "--json")
-	if err != nil && len(bytes.TrimSpace(out)) == 0 {
-		if bytes.Contains(stderr, []byte("unrecognized option")) || bytes.Contains(stderr, []byte("plugin")) {
-			return ControllerJob{}, fmt.Errorf("%w: %s", errUnsupported, firstLine(stderr))
-		}
-		return ControllerJob{}, fmt.Errorf("squeue --json: %v: %s", err, firstLine(stderr))
+	c.mu.Lock()
+	if time.Now().Before(c.squeueSkip) {
+		c.mu.Unlock()
+		return ControllerJob{}, fmt.Errorf("%w: skipped until %s", errTooBig, c.squeueSkip.Format(time.TimeOnly))
 	}
-	return ParseJobJSON(out, id, c.Node)
+	call := c.squeueCall
+	if call == nil {
+		call = &squeueCall{done: make(chan struct{})}
+		c.squeueCall = call
+		c.mu.Unlock()
+		call.doc, call.err = c.squeueList(ctx)
+		c.mu.Lock()
+		c.squeueCall = nil
+		if errors.Is(call.err, errTooBig) {
+			c.squeueSkip = time.Now().Add(squeueBackoff)
+		}
+		c.mu.Unlock()
+		close(call.done)
+	} else {
+		c.mu.Unlock()
+		select {
+		case <-call.done:
+		case <-ctx.Done():
+			return ControllerJob{}, &AmbiguousError{Reason: "squeue --json (asked for another job) gave no complete answer in time"}
+		}
+	}
+	if call.err != nil {
+		return ControllerJob{}, call.err
+	}
+	if !call.doc.has(id) && slices.ContainsFunc(call.doc.Errors, func(e jsonError) bool { return e.ErrorNumber == -1 }) {
+		return ControllerJob{}, errNoVerdict
+	}
+	return call.doc.job(id, c.Node)
+}
+
+func (c *Controller) squeueList(ctx context.Context) (jobsDoc, error) {
+	sctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, time.Duration(float64(time.Until(dl))*squeueShare))
+		defer cancel()
+	}
+	args := []string{"--json"}
+	if c.Node != "" {
+		// Honoured since 23.02 (most filters with --json), ignored by
+		// 22.05; the answer is read for the job and node either way.
+		args = append(args, "-w", c.Node)
+	}
+	out, stderr, err := c.run(sctx, maxSqueueOutput, "squeue", args...)
+	var amb *AmbiguousError
+	var unreach *UnreachableError
+	switch {
+	case errors.As(err, &amb) && ctx.Err() == nil:
+		return jobsDoc{}, fmt.Errorf("%w: %s", errTooBig, amb.Reason)
+	case errors.As(err, &amb), errors.As(err, &unreach):
+		return jobsDoc{}, err
+	case err != nil && len(bytes.TrimSpace(out)) == 0:
+		if bytes.Contains(stderr, []byte("unrecognized option")) || bytes.Contains(stderr, []byte("plugin")) {
+			return jobsDoc{}, fmt.Errorf("%w: %s", errUnsupported, firstLine(stderr))
+		}
+		return jobsDoc{}, fmt.Errorf("squeue --json: %v: %s", err, firstLine(stderr))
+	}
+	return parseJobsDoc(out)
 }
 
 func (c *Controller) scontrolText(ctx context.Context, id uint32) (ControllerJob, error) {
-	out, stderr, err := c.run(ctx, "scontrol", "show", "job", "-d", strconv.FormatUint(uint64(id), 10))
+	out, stderr, err := c.run(ctx, maxJobOutput, "scontrol", "show", "job", "-d", strconv.FormatUint(uint64(id), 10))
 	if err != nil {
-		if unknownJobText(stderr) || unknownJobText(out) {
+		var amb *AmbiguousError
+		var unreach *UnreachableError
+		switch {
+		case errors.As(err, &amb), errors.As(err, &unreach):
+			return ControllerJob{}, err
+		case unknownJobText(stderr):
+			// stderr only: stdout holds the job's own fields.
 			return ControllerJob{}, ErrJobUnknown
 		}
 		return ControllerJob{}, fmt.Errorf("scontrol show job -d %d: %v: %s", id, err, firstLine(stderr))
@@ -238,21 +421,43 @@ type jsonJob struct {
 	GresDetail   []string        `json:"gres_detail"`
 }
 
+// jobsDoc is one JSON answer of scontrol or squeue.
+type jobsDoc struct {
+	Jobs   []jsonJob   `json:"jobs"`
+	Errors []jsonError `json:"errors"`
+}
+
+type jsonError struct {
+	Error       string `json:"error"`
+	Description string `json:"description"`
+	ErrorNumber int    `json:"error_number"`
+}
+
+// has reports whether the answer holds a record of job id.
+func (doc jobsDoc) has(id uint32) bool {
+	return slices.ContainsFunc(doc.Jobs, func(j jsonJob) bool { return j.JobID != nil && *j.JobID == id })
+}
+
+func parseJobsDoc(out []byte) (jobsDoc, error) {
+	var doc jobsDoc
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return jobsDoc{}, &AmbiguousError{Reason: fmt.Sprintf("slurmctld's JSON (%d bytes) does not parse: %v", len(out), err)}
+	}
+	return doc, nil
+}
+
 // ParseJobJSON reads job id on node from `scontrol --json show job` or
 // `squeue --json` output. gres_detail holds one entry per node of the job's
 // allocation (job_resources), in that order.
 func ParseJobJSON(out []byte, id uint32, node string) (ControllerJob, error) {
-	var doc struct {
-		Jobs   []jsonJob `json:"jobs"`
-		Errors []struct {
-			Error       string `json:"error"`
-			Description string `json:"description"`
-			ErrorNumber int    `json:"error_number"`
-		} `json:"errors"`
+	doc, err := parseJobsDoc(out)
+	if err != nil {
+		return ControllerJob{}, err
 	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return ControllerJob{}, fmt.Errorf("slurmctld's JSON: %w", err)
-	}
+	return doc.job(id, node)
+}
+
+func (doc jobsDoc) job(id uint32, node string) (ControllerJob, error) {
 	var match []jsonJob
 	for _, j := range doc.Jobs {
 		if j.JobID != nil && *j.JobID == id {
@@ -261,9 +466,12 @@ func ParseJobJSON(out []byte, id uint32, node string) (ControllerJob, error) {
 	}
 	if len(match) == 0 {
 		for _, e := range doc.Errors {
+			switch {
 			// ESLURM_INVALID_JOB_ID
-			if e.ErrorNumber == 2017 || strings.Contains(e.Error, "Invalid job id") || strings.Contains(e.Description, "Invalid job id") {
+			case e.ErrorNumber == 2017 || strings.Contains(e.Error, "Invalid job id") || strings.Contains(e.Description, "Invalid job id"):
 				return ControllerJob{}, ErrJobUnknown
+			case e.ErrorNumber == errnoConnection || e.ErrorNumber == errnoCtldConnection:
+				return ControllerJob{}, &UnreachableError{Msg: strings.TrimSpace(e.Error + " " + e.Description)}
 			}
 		}
 		if len(doc.Errors) > 0 {

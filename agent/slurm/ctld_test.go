@@ -5,11 +5,14 @@ package slurm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func readFixture(t *testing.T, name string) []byte {
@@ -211,5 +214,229 @@ echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1`)
 	c = &Controller{Node: "vm", BinDir: dir}
 	if _, err := c.Job(context.Background(), 4); !errors.Is(err, ErrJobUnknown) {
 		t.Errorf("text form of an unknown job: %v, want ErrJobUnknown", err)
+	}
+}
+
+// fakeClients writes scontrol and squeue scripts into a directory for a
+// Controller's BinDir; each call is logged to calls as "name args".
+type fakeClients struct {
+	t     *testing.T
+	dir   string
+	calls string
+}
+
+func newFakeClients(t *testing.T) *fakeClients {
+	dir := t.TempDir()
+	return &fakeClients{t: t, dir: dir, calls: filepath.Join(dir, "calls")}
+}
+
+func (f *fakeClients) write(name, body string) {
+	f.t.Helper()
+	script := "#!/bin/sh\necho \"" + name + " $*\" >> " + f.calls + "\n" + body + "\n"
+	if err := os.WriteFile(filepath.Join(f.dir, name), []byte(script), 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fakeClients) count(prefix string) int {
+	b, _ := os.ReadFile(f.calls)
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if l != "" && strings.HasPrefix(l, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+func (f *fakeClients) controller() *Controller { return &Controller{Node: "n1", BinDir: f.dir} }
+
+// jobJSON is one job as scontrol --json show job prints it (24.05+ layout).
+func jobJSON(id, gpu int) string {
+	return fmt.Sprintf(`{"jobs":[{"job_id":%d,"user_id":1000,"job_state":["RUNNING"],"job_resources":{"nodes":{"list":"n1"}},"gres_detail":["gpu:1(IDX:%d)"]}],"errors":[]}`, id, gpu)
+}
+
+// What slurmctld's clients print when it is slow, too large, malformed or
+// down: only a connect failure is unreachable; everything else is
+// ambiguous (the job gets no GPU, whatever adopt_unconfirmed says), and
+// the agent never waits past its deadline or reads past its cap.
+func TestControllerBoundedAnswers(t *testing.T) {
+	const budget = 500 * time.Millisecond
+	tests := []struct {
+		name     string
+		scontrol string
+		squeue   string // "": must not be asked
+		want     string // "unreachable", "ambiguous", "unknown" or "ok"
+		reason   string // in the error
+	}{
+		{name: "slow, nothing printed", scontrol: "exec sleep 10", want: "ambiguous", reason: "no complete answer"},
+		{name: "slow after part of the answer", scontrol: `printf '{"jobs":[{"job_id":7,'; exec sleep 10`, want: "ambiguous", reason: "no complete answer"},
+		{name: "endless answer", scontrol: `exec yes '{"name":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"},'`, want: "ambiguous", reason: "printed more than"},
+		{name: "oversize answer", scontrol: fmt.Sprintf(`head -c %d /dev/zero | tr '\0' ' '; echo '%s'`, maxJobOutput+1, jobJSON(7, 0)), want: "ambiguous", reason: "printed more than"},
+		{name: "malformed JSON", scontrol: `echo '{"jobs":[{"job_id":7,"user_id":1000,'`, want: "ambiguous", reason: "does not parse"},
+		{name: "no user_id", scontrol: `echo '{"jobs":[{"job_id":7,"job_state":"RUNNING"}]}'`, want: "ambiguous", reason: "user_id"},
+		{name: "connect failure", scontrol: "echo 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2; exit 1", want: "unreachable"},
+		{name: "connect failure as JSON", scontrol: `echo '{"jobs":[],"errors":[{"error":"Unable to contact slurm controller (connect failure)","error_number":1001}]}'; exit 1`, want: "unreachable"},
+		{name: "socket timeout: slurmctld answered slowly", scontrol: "echo 'slurm_load_jobs error: Socket timed out on send/recv operation' >&2; exit 1", want: "ambiguous", reason: "Socket timed out"},
+		{name: "send failure after connecting", scontrol: "echo 'slurm_load_jobs error: Unable to contact slurm controller (send failure)' >&2; exit 1", want: "ambiguous", reason: "send failure"},
+		// A user's job name cannot make an answer read as a connect failure.
+		{name: "connect failure text in a job name", scontrol: `echo '{"jobs":[{"job_id":7,"name":"Unable to contact slurm controller (connect failure)","user_id":1000,"job_state":["RUNNING"],"job_resources":{"nodes":{"list":"n1"}},"gres_detail":["gpu:1(IDX:3)"]}],"errors":[]}'; echo 'Unable to contact slurm controller (connect failure)' >&2`, want: "ok"},
+		// 25.11 prints this for an unknown job and when it cannot connect:
+		// the node's listing says which.
+		{name: "empty answer, slurmctld down", scontrol: `echo '{"jobs":[],"errors":[]}'`, squeue: "echo 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2; exit 1", want: "unreachable"},
+		{name: "empty answer, job unknown", scontrol: `echo '{"jobs":[],"errors":[]}'`, squeue: `echo '{"jobs":[],"errors":[]}'`, want: "unknown"},
+		{name: "unknown job", scontrol: "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1", want: "unknown"},
+		{name: "answer", scontrol: "echo '" + jobJSON(7, 3) + "'", want: "ok"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeClients(t)
+			f.write("scontrol", tt.scontrol)
+			if tt.squeue == "" {
+				tt.squeue = "echo 'squeue must not be asked' >&2; exit 1"
+			}
+			f.write("squeue", tt.squeue)
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			t0 := time.Now()
+			j, err := f.controller().Job(ctx, 7)
+			took := time.Since(t0)
+			if took > budget+time.Second {
+				t.Errorf("took %v with a %v budget", took, budget)
+			}
+			var amb *AmbiguousError
+			var unreach *UnreachableError
+			got := "ok"
+			switch {
+			case errors.As(err, &unreach):
+				got = "unreachable"
+			case errors.As(err, &amb):
+				got = "ambiguous"
+			case errors.Is(err, ErrJobUnknown):
+				got = "unknown"
+			case err != nil:
+				got = "other: " + err.Error()
+			}
+			if got != tt.want {
+				t.Fatalf("got %s (%+v, %v), want %s", got, j, err, tt.want)
+			}
+			if tt.reason != "" && !strings.Contains(err.Error(), tt.reason) {
+				t.Errorf("error %q does not say %q", err, tt.reason)
+			}
+			if got == "ok" && !slices.Equal(j.GPUs, []int{3}) {
+				t.Errorf("got %+v", j)
+			}
+			if n := f.count("squeue"); n != 0 && strings.Contains(tt.squeue, "must not") {
+				t.Errorf("squeue asked %d times: a per-job answer was there", n)
+			}
+		})
+	}
+}
+
+// Each question names its job: scontrol --json show job <id>, nothing
+// about the other jobs of the cluster.
+func TestControllerAsksPerJob(t *testing.T) {
+	f := newFakeClients(t)
+	f.write("scontrol", `id=$4; echo "{\"jobs\":[{\"job_id\":$id,\"user_id\":1000,\"job_state\":\"RUNNING\",\"job_resources\":{\"nodes\":\"n1\"},\"gres_detail\":[\"gpu:1(IDX:$((id % 4)))\"]}]}"`)
+	c := f.controller()
+	for _, id := range []uint32{5, 6, 7} {
+		j, err := c.Job(context.Background(), id)
+		if err != nil || !slices.Equal(j.GPUs, []int{int(id % 4)}) {
+			t.Fatalf("job %d: %+v, %v", id, j, err)
+		}
+		if n := f.count(fmt.Sprintf("scontrol --json show job %d", id)); n != 1 {
+			t.Errorf("job %d asked %d times", id, n)
+		}
+	}
+	if n := f.count(""); n != 3 {
+		t.Errorf("%d client calls for 3 jobs", n)
+	}
+}
+
+// 22.05 (no scontrol --json): questions asked at once share one squeue
+// --json -w <node>; an answer too large or too slow for its share of the
+// time passes to the per-job text form, and squeue is skipped for a while.
+func TestControllerSqueueShared(t *testing.T) {
+	squeue := readFixture(t, "22.05-squeue.json")
+	noJSON := `case "$1" in --json) echo "scontrol: unrecognized option '--json'" >&2; exit 1;; esac`
+	t.Run("shared", func(t *testing.T) {
+		f := newFakeClients(t)
+		file := filepath.Join(f.dir, "squeue.json")
+		if err := os.WriteFile(file, squeue, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f.write("scontrol", noJSON+"\necho 'text form must not be needed' >&2; exit 1")
+		// Slow enough that the questions overlap.
+		f.write("squeue", "sleep 0.3; cat "+file)
+		c := &Controller{Node: "vm", BinDir: f.dir}
+		if _, err := c.Job(context.Background(), 4); err != nil { // learns that scontrol has no --json
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 8)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				j, err := c.Job(ctx, 4+uint32(i%2))
+				if err == nil && len(j.GPUs) != 1 {
+					err = fmt.Errorf("GPUs %v", j.GPUs)
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		// One for the first question, at most a few for the eight at once
+		// (a question may come as one listing ends).
+		if n := f.count("squeue --json -w vm"); n < 2 || n > 4 {
+			t.Errorf("squeue --json -w vm ran %d times for 9 questions", n)
+		}
+	})
+	t.Run("slurmctld down", func(t *testing.T) {
+		// What 22.05's squeue --json prints then (exit 0); its scontrol
+		// says why.
+		f := newFakeClients(t)
+		f.write("scontrol", noJSON+"\necho 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2; exit 1")
+		f.write("squeue", `echo '{"errors":[{"description":"Failed while looking for jobs","error_number":-1,"error":"Unspecified error","source":"slurm_load_jobs"}],"jobs":[]}'`)
+		c := &Controller{Node: "vm", BinDir: f.dir}
+		var unreach *UnreachableError
+		if _, err := c.Job(context.Background(), 3); !errors.As(err, &unreach) {
+			t.Errorf("got %v, want an UnreachableError", err)
+		}
+	})
+	for _, tc := range []struct{ name, squeue string }{
+		{"too large", fmt.Sprintf("head -c %d /dev/zero | tr '\\0' ' '", maxSqueueOutput+1)},
+		{"too slow", "exec sleep 10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeClients(t)
+			text := filepath.Join(f.dir, "job.txt")
+			if err := os.WriteFile(text, readFixture(t, "22.05-gpu2.txt"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			f.write("scontrol", noJSON+"\ncat "+text)
+			f.write("squeue", tc.squeue)
+			c := &Controller{Node: "vm", BinDir: f.dir}
+			for range 2 {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				t0 := time.Now()
+				j, err := c.Job(ctx, 3)
+				cancel()
+				if err != nil || !slices.Equal(j.GPUs, []int{0, 1}) || j.Source != "scontrol show job -d" {
+					t.Fatalf("got %+v, %v; want GPUs [0 1] from the text form", j, err)
+				}
+				if took := time.Since(t0); took > 2*time.Second {
+					t.Errorf("took %v", took)
+				}
+			}
+			if n := f.count("squeue"); n != 1 {
+				t.Errorf("squeue ran %d times; want once, then skipped", n)
+			}
+		})
 	}
 }

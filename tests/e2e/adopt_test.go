@@ -75,8 +75,8 @@ func (st *suite) ctldWrapper(t *testing.T) (dir, down string) {
 // enabled with a slurmd restart while they run: from then on each opens its
 // own GPU and no other, and never sees an EPERM on its own. Then the agent loses everything (kill -9, pins and state gone)
 // while slurmctld cannot be asked: the jobs are adopted unconfirmed, which
-// by default is audit-only for them alone (opens allowed, audited as
-// would-deny); once slurmctld answers again they are held to their GPUs.
+// by default (adopt_unconfirmed: deny) gives them no GPU, their own
+// included; once slurmctld answers again they are held to their GPUs.
 // A new job after them is isolated. The expected GPUs come from slurmctld's JSON, never from the jobs.
 func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 	st := get(t)
@@ -246,12 +246,13 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 		name     string
 		from, to time.Time
 		foreign  string // what another job's GPU gives
+		own      string // what its own gives
 	}
 	windows := []window{
-		{"before gpufence", time.Time{}, t1, "ENXIO"},
-		{"installed, confirmed", t1ready, t2, "EPERM"},
-		{"state lost, slurmctld down: audit-only", t2ready, t3, "ENXIO"},
-		{"slurmctld back, confirmed", t3ready, t4, "EPERM"},
+		{"before gpufence", time.Time{}, t1, "ENXIO", "ENXIO"},
+		{"installed, confirmed", t1ready, t2, "EPERM", "ENXIO"},
+		{"state lost, slurmctld down: deny", t2ready, t3, "EPERM", "EPERM"},
+		{"slurmctld back, confirmed", t3ready, t4, "EPERM", "ENXIO"},
 	}
 	for _, id := range ids {
 		lines := readProbe(t, filepath.Join(work, "adopt-probe."+id))
@@ -263,7 +264,9 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 		for _, l := range lines {
 			gpu := slices.Index(st.c.DevPaths(), l.path)
 			mine := slices.Contains(own[id], gpu)
-			if mine && l.result != "ENXIO" {
+			// Between the windows (the agent starting or asking) its own
+			// GPU may only be denied while the state is lost.
+			if mine && l.result != "ENXIO" && (l.at.Before(t2) || !l.at.Before(t3ready)) {
 				bad = append(bad, fmt.Sprintf("its own GPU %d gave %s at %s", gpu, l.result, l.at.Format(time.StampMicro)))
 			}
 			for i, w := range windows {
@@ -271,6 +274,9 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 					continue
 				}
 				key := "own " + l.result
+				if mine && l.result != w.own {
+					bad = append(bad, fmt.Sprintf("%s: its own GPU %d gave %s at %s, want %s", w.name, gpu, l.result, l.at.Format(time.StampMicro), w.own))
+				}
 				if !mine {
 					key = "foreign " + l.result
 					if l.result != w.foreign {
@@ -284,7 +290,7 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 			t.Errorf("job %s: %d wrong opens, first: %s", id, len(bad), strings.Join(bad[:min(len(bad), 5)], "; "))
 		}
 		for i, w := range windows {
-			if counts[i]["own ENXIO"] == 0 || counts[i]["foreign "+w.foreign] == 0 {
+			if counts[i]["own "+w.own] == 0 || counts[i]["foreign "+w.foreign] == 0 {
 				t.Errorf("job %s, %s: too few probes %v", id, w.name, counts[i])
 			}
 			t.Logf("job %s (GPU %v), %s: %v", id, own[id], w.name, counts[i])
@@ -302,12 +308,12 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 			return r.Severity == audit.SeverityInfo && slices.Equal(r.GPUs, g)
 		}, "confirmed with its GPUs"},
 		{auditLost, func(r audit.Record, _ []int) bool {
-			return r.Severity == audit.SeverityWarning && r.PolicyMode == audit.ModeAuditOnly
-		}, "unconfirmed, audit-only"},
+			return r.Severity == audit.SeverityWarning && r.PolicyMode == audit.ModeEnforce && len(r.GPUs) == 0
+		}, "unconfirmed, denied"},
 	} {
 		recs := readAudit(t, c.file)
 		for _, id := range ids {
-			var found, wouldDeny bool
+			var found, ownDenied bool
 			for _, r := range recs {
 				if fmt.Sprint(r.JobID) != id {
 					continue
@@ -315,15 +321,15 @@ func TestPrivilegedAdoptRunningJobsE2E(t *testing.T) {
 				if r.Event == audit.EventJobAdopted && c.check(r, own[id]) {
 					found = true
 				}
-				if r.Event == audit.EventGPUAccess && r.Decision == audit.DecisionWouldDeny {
-					wouldDeny = true
+				if r.Event == audit.EventGPUAccess && r.Decision == audit.DecisionDenied && r.GPU != nil && slices.Contains(own[id], r.GPU.Index) {
+					ownDenied = true
 				}
 			}
 			if !found {
 				t.Errorf("%s: no job_adopted record of job %s %s", filepath.Base(c.file), id, c.what)
 			}
-			if c.file == auditLost && !wouldDeny {
-				t.Errorf("%s: no would-deny record of job %s while it was audit-only", filepath.Base(c.file), id)
+			if c.file == auditLost && !ownDenied {
+				t.Errorf("%s: no denied record of job %s opening its own GPU while it was unconfirmed", filepath.Base(c.file), id)
 			}
 		}
 	}
