@@ -330,7 +330,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 			onHangup(d, rec, log, reload)
 		}
 	}()
-	health := agentHealth(ln.Addr().String(), d)
+	health := agentHealth(ln.Addr().String(), d.Healthy)
 	waitMetrics := startMetrics(ctx, cfg, exp, d, health, log)
 	srv := server.New(ln, exp.Instrument(d), log, cfg.RequestTimeout.Duration)
 	srv.Limit(server.MaxConns, exp.Shed)

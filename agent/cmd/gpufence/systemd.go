@@ -14,7 +14,6 @@ import (
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 
 	"github.com/gpufence/gpufence/agent/config"
-	"github.com/gpufence/gpufence/agent/daemon"
 	"github.com/gpufence/gpufence/agent/server"
 )
 
@@ -65,8 +64,9 @@ func notify(log *slog.Logger, state string) {
 // agentHealth is the agent's real state, for /healthz and the watchdog:
 // the plugin's socket answers an exchange (server.Probe, on the address
 // the agent serves, which is systemd's under socket activation), and the
-// daemon's state can be taken. Both within ctx.
-func agentHealth(socket string, d *daemon.Daemon) func(ctx context.Context) error {
+// daemon's state can be taken (healthy returns: daemon.Healthy). Both
+// within ctx.
+func agentHealth(socket string, healthy func()) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
 		timeout := 2 * time.Second
 		if dl, ok := ctx.Deadline(); ok {
@@ -76,7 +76,7 @@ func agentHealth(socket string, d *daemon.Daemon) func(ctx context.Context) erro
 			return fmt.Errorf("the plugin socket does not serve: %w", err)
 		}
 		done := make(chan struct{})
-		go func() { d.Healthy(); close(done) }()
+		go func() { healthy(); close(done) }()
 		select {
 		case <-done:
 			return nil
