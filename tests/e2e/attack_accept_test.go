@@ -394,3 +394,190 @@ func grepLines(s, re string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// nofileLimits reads process pid's soft and hard open-files limits.
+func nofileLimits(pid int) (soft, hard string, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		return "", "", err
+	}
+	m := regexp.MustCompile(`Max open files\s+(\S+)\s+(\S+)`).FindSubmatch(b)
+	if m == nil {
+		return "", "", fmt.Errorf("no open-files line in /proc/%d/limits", pid)
+	}
+	return string(m[1]), string(m[2]), nil
+}
+
+func setNofile(pid int, soft, hard string) error {
+	if out, err := exec.Command("prlimit", "--pid", strconv.Itoa(pid), "--nofile="+soft+":"+hard).CombinedOutput(); err != nil {
+		return fmt.Errorf("prlimit --pid %d --nofile=%s:%s: %v %s", pid, soft, hard, err, out)
+	}
+	return nil
+}
+
+// TestPrivilegedPluginSocketSurvivesEMFILE: the agent's descriptor table
+// is made full for real (its soft open-files limit set below the
+// descriptors it holds, with prlimit --pid), then freed. Meanwhile
+// /healthz, asked over a connection opened before, fails (the systemd
+// watchdog runs the same check, so systemd would restart an agent that
+// stayed so); a StepStart sent to the socket meets accept4's EMFILE, which
+// is logged and counted while the loop carries on; and the request is
+// answered once descriptors are free, /healthz says ok, a step runs. The
+// old loop returned on the first EMFILE: the request was never answered,
+// nothing was logged, and /healthz kept saying ok.
+func TestPrivilegedPluginSocketSurvivesEMFILE(t *testing.T) {
+	st := get(t)
+	pid := st.agent.PID
+	soft, hard, err := nofileLimits(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			if err := setNofile(pid, soft, hard); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer restore()
+	// One keep-alive connection to the endpoint, opened while descriptors
+	// are free, carries the health checks below.
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}}
+	healthz := func() (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+st.metricsAddr+"/healthz", nil)
+		req.SetBasicAuth(st.metricsUser, st.metricsPassword)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("/healthz: %v", err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := healthz(); code != http.StatusOK {
+		t.Fatalf("/healthz before: %d %q", code, body)
+	}
+	logPath := st.c.LogPath(filepath.Base(st.gpufence) + ".log")
+	logBefore, _ := os.ReadFile(logPath)
+
+	held := fdCount(pid)
+	full := strconv.Itoa(held - 4)
+	// Only the soft limit: raising a hard limit again needs
+	// CAP_SYS_RESOURCE, which a test machine may not grant.
+	if err := setNofile(pid, full, hard); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("agent pid %d holds %d descriptors; open-files limit set to %s (was %s:%s)", pid, held, full, soft, hard)
+	type answer struct {
+		err error
+		at  time.Time
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		_, err := agentclient.Call(st.sock, &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{JobId: 4000000019, Uid: 1000}}}, 20*time.Second)
+		answered <- answer{err, time.Now()}
+	}()
+	// 503 from the probe; or 500, when exporter-toolkit cannot reread the
+	// web configuration for want of a descriptor: a failure either way.
+	code, body := healthz()
+	if code != http.StatusServiceUnavailable && code != http.StatusInternalServerError {
+		t.Errorf("/healthz with the descriptor table full: %d %q, want a failure", code, body)
+	}
+	t.Logf("/healthz with the table full: %d %s", code, strings.TrimSpace(body))
+	// The failing accept shows in the log (at most every 10 s, so once).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(logPath)
+		if l := grepLines(string(b[len(logBefore):]), `accept failed; retrying.*listener=plugin.*reason=EMFILE`); l != "" {
+			t.Logf("agent log: %s", l)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no 'accept failed' line for the plugin socket in %s 10s after its table filled:\n%s", logPath, tailLines(string(b[len(logBefore):]), 20))
+		}
+		select {
+		case a := <-answered:
+			t.Fatalf("the request was answered with the table full (%v): the test did not fill it", a.err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	freed := time.Now()
+	restore()
+	select {
+	case a := <-answered:
+		if a.err != nil && !errors.Is(a.err, agentclient.ErrAgent) {
+			t.Fatalf("the request queued during EMFILE got no answer: %v", a.err)
+		}
+		t.Logf("the request queued during EMFILE was answered %s after descriptors were free", a.at.Sub(freed).Round(time.Millisecond))
+		if a.at.Sub(freed) > 3*time.Second {
+			t.Errorf("answered %s after descriptors were free, want within the 1s backoff", a.at.Sub(freed))
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the request queued during EMFILE was not answered 15s after descriptors were free: the socket stopped serving")
+	}
+	if code, body := healthz(); code != http.StatusOK {
+		t.Errorf("/healthz after: %d %q", code, body)
+	}
+	code, body, err = st.scrape("/metrics", true)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("scrape: %d %v", code, err)
+	}
+	m := regexp.MustCompile(`(?m)^gpufence_accept_errors_total\{listener="plugin",reason="EMFILE"\} (\S+)$`).FindStringSubmatch(body)
+	if m == nil || m[1] == "0" {
+		t.Errorf("plugin EMFILE not counted: %s", grepLines(body, "gpufence_accept_errors_total"))
+	} else {
+		t.Logf("gpufence_accept_errors_total{listener=\"plugin\",reason=\"EMFILE\"} %s", m[1])
+	}
+	b, _ := os.ReadFile(logPath)
+	if !strings.Contains(string(b[len(logBefore):]), "accepting again") {
+		t.Errorf("the agent did not log that it accepts again")
+	}
+	rep, r := st.srun(t, nil, "--gres=gpu:1")
+	mustOK(t, r)
+	st.expectGPUs(t, rep, gpusOf(t, rep, "SLURM_STEP_GPUS"))
+}
+
+// TestPrivilegedHealthzSocketActivated: under socket activation the agent's
+// health check exchanges a frame with systemd's socket, the one it serves
+// (not the configured path, which need not exist).
+func TestPrivilegedHealthzSocketActivated(t *testing.T) {
+	st := get(t)
+	// A step first, so that Slurm's system cgroup exists as in any suite
+	// run (the final checks count its exempt entry).
+	_, r := st.srun(t, nil, "--gres=gpu:1")
+	mustOK(t, r)
+	if err := st.agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := st.startAgent(); err != nil {
+			t.Errorf("restart the suite's agent: %v", err)
+		}
+	}()
+	sockPath := st.sock + ".activated"
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(sockPath)
+	os.Chmod(sockPath, 0o600)
+	f, err := ln.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The file stays, as systemd's does while its socket unit runs.
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	a := st.startActivated(t, f)
+	f.Close()
+	defer a.kill()
+	if _, err := os.Stat(st.sock); err == nil {
+		t.Fatalf("%s exists: the check below would not tell the activated socket from it", st.sock)
+	}
+	code, body, err := st.scrape("/healthz", true)
+	if err != nil || code != http.StatusOK {
+		t.Errorf("/healthz of a socket-activated agent: %d %q %v", code, body, err)
+	}
+}
