@@ -330,15 +330,15 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 			onHangup(d, rec, log, reload)
 		}
 	}()
+	// Serve ends early only when its listener is gone: then the agent
+	// stops (exit 1) rather than run on with a socket nobody serves.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	health := agentHealth(ln.Addr().String(), d.Healthy)
 	waitMetrics := startMetrics(ctx, cfg, exp, d, health, log)
 	srv := server.New(ln, exp.Instrument(d), log, cfg.RequestTimeout.Duration)
 	srv.Limit(server.MaxConns, exp.Shed)
 	srv.OnAcceptError(exp.AcceptError(metrics.ListenerPlugin))
-	// Serve ends early only when its listener is gone: then the agent
-	// stops (exit 1) rather than run on with a socket nobody serves.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
 		err := srv.Serve(ctx)
