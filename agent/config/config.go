@@ -156,9 +156,19 @@ type Config struct {
 // Metrics configures what the agent exports to Prometheus.
 type Metrics struct {
 	// Listen is the host:port of the HTTP endpoint (/metrics, /healthz);
-	// empty disables it. Per-job series name users, hence localhost by
-	// default.
+	// empty disables it. Localhost by default: every local user can reach
+	// it, so without WebConfig it serves node aggregates only.
 	Listen string `yaml:"listen"`
+	// WebConfig is a Prometheus exporter-toolkit web configuration file
+	// (TLS, client certificates, basic auth with bcrypt hashes). Set, every
+	// request must authenticate by it, and only then are the per-job and
+	// per-user series (and the agent's process figures) served; empty,
+	// nothing names a job or a user (Slurm's PrivateData).
+	WebConfig string `yaml:"web_config"`
+	// MaxConnections bounds the endpoint's open connections; the agent
+	// cuts it to a quarter of its open-files limit, so the plugin's socket
+	// keeps descriptors whatever local users hold.
+	MaxConnections int `yaml:"max_connections"`
 	// SampleInterval is how often GPU utilization and memory are read
 	// through NVML.
 	SampleInterval Duration `yaml:"sample_interval"`
@@ -199,6 +209,10 @@ type Audit struct {
 // configured otherwise: localhost only, because per-job series carry user
 // names.
 const DefaultMetricsListen = "127.0.0.1:9945"
+
+// DefaultMetricsMaxConnections is metrics.max_connections unless
+// configured: a few scrapers and curl, with room to spare.
+const DefaultMetricsMaxConnections = 64
 
 // checkListen accepts host:port with a numeric port from 1 to 65535; the
 // host may be empty (every address), a name or an IP.
@@ -302,6 +316,7 @@ func Default() Config {
 		SlurmdGPUTable:       SlurmdGPUTableAuto,
 		Metrics: Metrics{
 			Listen:         DefaultMetricsListen,
+			MaxConnections: DefaultMetricsMaxConnections,
 			SampleInterval: Duration{15 * time.Second},
 			IdleThreshold:  5,
 			IdleAuditAfter: Duration{time.Hour},
@@ -484,6 +499,12 @@ func (c Config) Validate(source string) error {
 		if err := checkListen(c.Metrics.Listen); err != nil {
 			bad("metrics.listen", "%q: %v (or empty to disable)", c.Metrics.Listen, err)
 		}
+	}
+	if c.Metrics.WebConfig != "" && !filepath.IsAbs(c.Metrics.WebConfig) {
+		bad("metrics.web_config", "%q must be an absolute path (or empty: node aggregates only)", c.Metrics.WebConfig)
+	}
+	if c.Metrics.MaxConnections < 1 || c.Metrics.MaxConnections > 4096 {
+		bad("metrics.max_connections", "%d must be from 1 to 4096", c.Metrics.MaxConnections)
 	}
 	if c.Metrics.SampleInterval.Duration < time.Second || c.Metrics.SampleInterval.Duration > 10*time.Minute {
 		bad("metrics.sample_interval", "%s must be between 1s and 10m", c.Metrics.SampleInterval)

@@ -59,7 +59,11 @@ func TestCloudWatchConfig(t *testing.T) {
 	}
 	var scrape struct {
 		ScrapeConfigs []struct {
-			JobName       string `yaml:"job_name"`
+			JobName   string `yaml:"job_name"`
+			BasicAuth struct {
+				Username     string `yaml:"username"`
+				PasswordFile string `yaml:"password_file"`
+			} `yaml:"basic_auth"`
 			StaticConfigs []struct {
 				Targets []string          `yaml:"targets"`
 				Labels  map[string]string `yaml:"labels"`
@@ -77,6 +81,11 @@ func TestCloudWatchConfig(t *testing.T) {
 		len(scrape.ScrapeConfigs[0].StaticConfigs) != 1 ||
 		strings.Join(scrape.ScrapeConfigs[0].StaticConfigs[0].Targets, ",") != config.DefaultMetricsListen {
 		t.Errorf("prometheus.yaml does not scrape the agent's default endpoint %s as job gpufence: %+v", config.DefaultMetricsListen, scrape)
+	}
+	// The per-job series the declarations select are served only to an
+	// authenticated scraper (metrics.web_config).
+	if ba := scrape.ScrapeConfigs[0].BasicAuth; ba.Username == "" || !strings.HasPrefix(ba.PasswordFile, "/etc/gpufence/") {
+		t.Errorf("prometheus.yaml scrapes without basic_auth (username and a password_file under /etc/gpufence): %+v", ba)
 	}
 	extra := scrape.ScrapeConfigs[0].StaticConfigs[0].Labels
 	prom := cw.Logs.MetricsCollected.Prometheus

@@ -83,6 +83,7 @@ func (e *Exporter) refresh() {
 		}
 		delete(e.held, k)
 	}
+	e.gpusHeld.Set(float64(len(e.held)))
 	if e.opts.JobMap == nil {
 		return
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/gpufence/gpufence/agent/accept"
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
@@ -65,12 +66,16 @@ type Options struct {
 	Log *slog.Logger
 }
 
-// Exporter holds the agent's metrics in its own registry (never the
-// global one, so nothing a library registers leaks into the endpoint).
+// Exporter holds the agent's metrics in its own registries (never the
+// global one, so nothing a library registers leaks into the endpoint): the
+// node's aggregates, served to every scraper, and the detail that names
+// jobs and users or lets one watch the agent (per-job series, Go runtime,
+// process and descriptor counts), served only to an authenticated one.
 type Exporter struct {
-	opts Options
-	log  *slog.Logger
-	reg  *prometheus.Registry
+	opts   Options
+	log    *slog.Logger
+	public *prometheus.Registry
+	detail *prometheus.Registry
 
 	access     map[string]prometheus.Counter
 	accessVec  *prometheus.CounterVec
@@ -79,6 +84,9 @@ type Exporter struct {
 	reqDur     *prometheus.HistogramVec
 	reqs       *prometheus.CounterVec
 	shed       prometheus.Counter
+	acceptErrs *prometheus.CounterVec
+	httpShed   prometheus.Counter
+	gpusHeld   prometheus.Gauge
 	sampleErrs prometheus.Counter
 	idleEvents prometheus.Counter
 
@@ -116,6 +124,9 @@ const (
 	nameReqDuration     = "gpufence_request_duration_seconds"
 	nameRequests        = "gpufence_requests_total"
 	nameShed            = "gpufence_requests_shed_total"
+	nameAcceptErrors    = "gpufence_accept_errors_total"
+	nameMetricsShed     = "gpufence_metrics_connections_shed_total"
+	nameGPUsAllocated   = "gpufence_gpus_allocated"
 	nameAllocated       = "gpufence_job_gpu_allocated"
 	nameUtilization     = "gpufence_job_gpu_utilization_ratio"
 	nameMemUsed         = "gpufence_job_gpu_memory_used_bytes"
@@ -144,7 +155,7 @@ func New(o Options) *Exporter {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	e := &Exporter{
-		opts: o, log: o.Log.With("component", "metrics"), reg: prometheus.NewRegistry(),
+		opts: o, log: o.Log.With("component", "metrics"), public: prometheus.NewRegistry(), detail: prometheus.NewRegistry(),
 		wake: make(chan struct{}, 1), held: map[heldKey]*holding{}, users: map[uint32]string{},
 		indexByMinor: map[uint32]int{}, uuidByMinor: map[uint32]string{},
 	}
@@ -181,6 +192,18 @@ func New(o Options) *Exporter {
 		Name: nameShed,
 		Help: "Connections the agent closed unanswered because every one of its connection slots stayed busy (the plugin then tries once more).",
 	})
+	e.acceptErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: nameAcceptErrors,
+		Help: "Failed accepts on the agent's listeners (plugin: the SPANK plugin's socket; metrics: this endpoint), by errno (EMFILE, ENFILE, ENOBUFS, ENOMEM, ECONNABORTED, other): each is retried with backoff, none stops the listener.",
+	}, []string{"listener", "reason"})
+	e.httpShed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: nameMetricsShed,
+		Help: "Connections to this endpoint closed at once because it held metrics.max_connections (or its share of the open-files limit) already.",
+	})
+	e.gpusHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: nameGPUsAllocated,
+		Help: "GPUs that running jobs hold by their trusted lists, summed over the node's jobs (who holds which is in gpufence_job_gpu_allocated, served to authenticated scrapers only).",
+	})
 	for _, t := range requestTypes() {
 		e.reqDur.WithLabelValues(t)
 		e.reqs.WithLabelValues(t, resultOK)
@@ -202,14 +225,38 @@ func New(o Options) *Exporter {
 	e.memUsed = gauge(nameMemUsed, "Memory in use on the job's GPU, in bytes (the whole GPU: it is the job's alone).")
 	e.memTotal = gauge(nameMemTotal, "Memory of the job's GPU, in bytes.")
 	e.idle = gauge(nameIdle, "Seconds the job's GPU has stayed below metrics.idle_threshold utilization; 0 while busy.")
-	e.reg.MustRegister(buildInfo, e.accessVec, e.suppressed, e.reqDur, e.reqs, e.shed, e.sampleErrs, e.idleEvents,
-		e.allocated, e.util, e.memUsed, e.memTotal, e.idle, &e.state,
+	for _, r := range []string{accept.ReasonEMFILE, accept.ReasonENFILE, accept.ReasonENOBUFS, accept.ReasonENOMEM, accept.ReasonECONNABORTED, accept.ReasonOther} {
+		e.acceptErrs.WithLabelValues(ListenerPlugin, r)
+		e.acceptErrs.WithLabelValues(ListenerMetrics, r)
+	}
+	e.public.MustRegister(buildInfo, e.accessVec, e.suppressed, e.reqDur, e.reqs, e.shed, e.acceptErrs, e.httpShed,
+		e.gpusHeld, e.sampleErrs, e.idleEvents, &e.state)
+	e.detail.MustRegister(e.allocated, e.util, e.memUsed, e.memTotal, e.idle,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return e
 }
 
-// Registry is the exporter's own registry.
-func (e *Exporter) Registry() *prometheus.Registry { return e.reg }
+// Listener names in gpufence_accept_errors_total.
+const (
+	ListenerPlugin  = "plugin"
+	ListenerMetrics = "metrics"
+)
+
+// Registry gathers every series: the node's aggregates and the detail.
+func (e *Exporter) Registry() prometheus.Gatherer { return prometheus.Gatherers{e.public, e.detail} }
+
+// Public gathers what every scraper may read: nothing that names a job or
+// a user, nothing that shows the agent's descriptors or goroutines.
+func (e *Exporter) Public() prometheus.Gatherer { return e.public }
+
+// AcceptError counts a failed accept on listener (ListenerPlugin,
+// ListenerMetrics) by accept.Reason.
+func (e *Exporter) AcceptError(listener string) func(reason string) {
+	return func(reason string) { e.acceptErrs.WithLabelValues(listener, reason).Inc() }
+}
+
+// MetricsShed counts a connection to the endpoint closed over its cap.
+func (e *Exporter) MetricsShed() { e.httpShed.Inc() }
 
 // Counts is what the agent holds, read at scrape time.
 type Counts struct {
@@ -232,34 +279,47 @@ func (e *Exporter) Follow(counts func() Counts) {
 	e.mu.Unlock()
 }
 
-// healthTimeout is how long /healthz waits for the daemon's state.
+// healthTimeout bounds one /healthz check.
 var healthTimeout = 2 * time.Second
 
-// Handler serves /metrics and /healthz. healthy returns once the daemon's
-// state can be taken (daemon.Healthy); /healthz answers 503 when it does not
-// within two seconds.
-func (e *Exporter) Handler(healthy func()) http.Handler {
+// Handler serves /metrics and /healthz. /metrics serves the detail (per-job
+// and per-user series, the agent's process figures) only when detail is
+// set, which the caller does only behind authentication (metrics.web_config).
+// health is the agent's real state (the plugin socket answers, the daemon's
+// state can be taken); /healthz answers 503 with its error, or when it has
+// not returned within two seconds.
+func (e *Exporter) Handler(health func(ctx context.Context) error, detail bool) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{
+	g := e.Public()
+	if detail {
+		g = e.Registry()
+	}
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
 		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelError),
-		Registry:          e.reg,
+		Registry:          e.public,
 		Timeout:           10 * time.Second,
 		EnableOpenMetrics: true,
 	}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		done := make(chan struct{})
+		ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
+		defer cancel()
+		errc := make(chan error, 1)
 		go func() {
-			if healthy != nil {
-				healthy()
+			if health == nil {
+				errc <- nil
+				return
 			}
-			close(done)
+			errc <- health(ctx)
 		}()
 		select {
-		case <-done:
+		case err := <-errc:
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 			w.Write([]byte("ok\n"))
-		case <-time.After(healthTimeout):
-			http.Error(w, fmt.Sprintf("the agent's state has been locked for %s", healthTimeout), http.StatusServiceUnavailable)
-		case <-r.Context().Done():
+		case <-ctx.Done():
+			http.Error(w, fmt.Sprintf("the agent did not answer its health check within %s", healthTimeout), http.StatusServiceUnavailable)
 		}
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,7 +99,7 @@ func users(uid uint32) string {
 }
 
 // series returns the values of a family's series whose labels include want.
-func series(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) []float64 {
+func series(t *testing.T, reg prometheus.Gatherer, name string, want map[string]string) []float64 {
 	t.Helper()
 	fams, err := reg.Gather()
 	if err != nil {
@@ -139,7 +140,7 @@ func value(m *dto.Metric) float64 {
 }
 
 // one returns the single series matching, failing when there is not exactly one.
-func one(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+func one(t *testing.T, reg prometheus.Gatherer, name string, want map[string]string) float64 {
 	t.Helper()
 	v := series(t, reg, name, want)
 	if len(v) != 1 {
@@ -446,6 +447,9 @@ func populated(t *testing.T) *Exporter {
 	return e
 }
 
+// /metrics serves the per-job series and the process figures only to a
+// handler built with detail; /healthz reports health's error as a 503, and
+// a check that does not return in time as one too.
 func TestHandler(t *testing.T) {
 	e := populated(t)
 	var blocked sync.Mutex
@@ -453,12 +457,20 @@ func TestHandler(t *testing.T) {
 	old := healthTimeout
 	healthTimeout = 100 * time.Millisecond
 	defer func() { healthTimeout = old }()
-	srv := httptest.NewServer(e.Handler(func() {
+	var failing atomic.Bool
+	health := func(ctx context.Context) error {
+		if failing.Load() {
+			return errors.New("the plugin socket does not serve: no answer")
+		}
 		blocked.Lock()
 		blocked.Unlock()
-	}))
-	defer srv.Close()
-	get := func(path string) (int, string) {
+		return nil
+	}
+	detail := httptest.NewServer(e.Handler(health, true))
+	defer detail.Close()
+	public := httptest.NewServer(e.Handler(health, false))
+	defer public.Close()
+	get := func(srv *httptest.Server, path string) (int, string) {
 		resp, err := http.Get(srv.URL + path)
 		if err != nil {
 			t.Fatal(err)
@@ -467,18 +479,31 @@ func TestHandler(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	code, body := get("/metrics")
+	code, body := get(detail, "/metrics")
 	for _, want := range []string{`gpufence_build_info{goversion="go`, `gpufence_job_gpu_allocated{gpu="2",job_id="9",user="root",uuid="GPU-x"} 1`, "go_goroutines", "process_open_fds"} {
 		if code != 200 || !strings.Contains(body, want) {
-			t.Errorf("/metrics: %d, no %q", code, want)
+			t.Errorf("/metrics with detail: %d, no %q", code, want)
 		}
 	}
-	if code, _ := get("/healthz"); code != http.StatusServiceUnavailable {
+	code, body = get(public, "/metrics")
+	if code != 200 || !strings.Contains(body, "gpufence_gpus_allocated 1") || !strings.Contains(body, `gpufence_accept_errors_total{listener="plugin",reason="EMFILE"} 0`) {
+		t.Errorf("public /metrics: %d, no node aggregates:\n%s", code, body)
+	}
+	for _, leak := range []string{"job_id=", "user=", "uuid=", "\ngpufence_job_", "\ngpufence_gpu_idle_seconds", "\nprocess_", "\ngo_"} {
+		if strings.Contains(body, leak) {
+			t.Errorf("public /metrics serves %q", leak)
+		}
+	}
+	if code, _ := get(public, "/healthz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/healthz with the state locked: %d, want 503", code)
 	}
 	blocked.Unlock()
-	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
+	if code, body := get(public, "/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("/healthz: %d %q", code, body)
+	}
+	failing.Store(true)
+	if code, body := get(public, "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "plugin socket does not serve") {
+		t.Errorf("/healthz with the socket not serving: %d %q, want 503 naming it", code, body)
 	}
 }
 

@@ -14,10 +14,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/accept"
 	"github.com/gpufence/gpufence/agent/peer"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 	"github.com/gpufence/gpufence/proto/wire"
@@ -62,9 +64,16 @@ func Listen(path string) (*net.UnixListener, error) {
 	return ln, nil
 }
 
+// Listener is what Server accepts on; *net.UnixListener is one.
+type Listener interface {
+	AcceptUnix() (*net.UnixConn, error)
+	Close() error
+	Addr() net.Addr
+}
+
 // Server serves one listener.
 type Server struct {
-	ln      *net.UnixListener
+	ln      Listener
 	h       Handler
 	log     *slog.Logger
 	timeout time.Duration
@@ -77,6 +86,8 @@ type Server struct {
 	// fd each); onShed is told of each connection closed unserved.
 	slots  chan struct{}
 	onShed func()
+	// onAcceptError is told of each failed accept, by accept.Reason.
+	onAcceptError func(reason string)
 }
 
 // MaxConns is how many connections the server serves at once by default:
@@ -90,9 +101,17 @@ var shedWait = time.Second
 
 // New returns a server; timeout bounds reading a request and writing its
 // answer (the handler's own work is bounded by the context it gets).
-func New(ln *net.UnixListener, h Handler, log *slog.Logger, timeout time.Duration) *Server {
+func New(ln Listener, h Handler, log *slog.Logger, timeout time.Duration) *Server {
 	return &Server{ln: ln, h: h, log: log.With("component", "server"), timeout: timeout, uid: uint32(os.Geteuid()),
-		slots: make(chan struct{}, MaxConns), onShed: func() {}}
+		slots: make(chan struct{}, MaxConns), onShed: func() {}, onAcceptError: func(string) {}}
+}
+
+// OnAcceptError sets what is told of each failed accept (by accept.Reason):
+// the loop retries them, so this is where they become visible.
+func (s *Server) OnAcceptError(f func(reason string)) {
+	if f != nil {
+		s.onAcceptError = f
+	}
 }
 
 // Limit sets how many connections are served at once, and what is told of
@@ -104,19 +123,28 @@ func (s *Server) Limit(max int, onShed func()) {
 	}
 }
 
-// Serve accepts until ctx ends, then waits for open exchanges.
+// Serve accepts until ctx ends, then waits for open exchanges. A failed
+// accept (EMFILE, ENFILE, ENOBUFS, ENOMEM, ECONNABORTED, …) is retried
+// with backoff, logged and counted: while the agent's descriptors are
+// spent, steps wait in the socket's backlog instead of finding it dead for
+// good. Only a closed listener ends the loop.
 func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
 	defer stop()
+	retry := accept.Retry{Name: "plugin", Log: s.log, OnError: s.onAcceptError}
 	for {
 		c, err := s.ln.AcceptUnix()
 		if err != nil {
+			if !accept.Closed(err) && ctx.Err() == nil && retry.Failed(err, ctx.Done()) {
+				continue
+			}
 			s.wg.Wait()
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
+		retry.Accepted()
 		select {
 		case s.slots <- struct{}{}:
 		default:
@@ -188,4 +216,31 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 	if err := conn.Write(resp, time.Now().Add(s.timeout)); err != nil {
 		log.Warn("cannot send answer", "err", err)
 	}
+}
+
+// Probe exchanges one frame with the server listening at socket within
+// timeout: a request without a protocol version, which Serve answers
+// itself, without the handler. Connecting alone would prove nothing: a
+// unix socket's connect succeeds while the connection waits in the
+// backlog, whether the agent accepts or not.
+func Probe(socket string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	d := net.Dialer{Deadline: deadline}
+	c, err := d.Dial("unix", socket)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", socket, err)
+	}
+	conn := wire.NewConn(c)
+	defer conn.Close()
+	if err := conn.Write(&pb.Request{}, deadline); err != nil {
+		return fmt.Errorf("send to %s: %w", socket, err)
+	}
+	resp := &pb.Response{}
+	if err := conn.Read(resp, deadline); err != nil {
+		return fmt.Errorf("no answer from %s within %s: %w", socket, timeout, err)
+	}
+	if !strings.Contains(resp.GetError(), "protocol version 0") {
+		return fmt.Errorf("%s answered %q, not the agent's answer to a probe", socket, resp.GetError())
+	}
+	return nil
 }

@@ -32,13 +32,13 @@ func (st *suite) gauges(t *testing.T) agentGauges {
 }
 
 func (st *suite) scrapeGauges() (agentGauges, error) {
-	resp, err := http.Get("http://" + st.metricsAddr + "/metrics")
-	if err != nil {
-		return agentGauges{}, fmt.Errorf("scrape the agent: %w", err)
+	// The process figures are served to an authenticated scraper only.
+	code, body, err := st.scrape("/metrics", true)
+	if err != nil || code != http.StatusOK {
+		return agentGauges{}, fmt.Errorf("scrape the agent: %d %v", code, err)
 	}
-	defer resp.Body.Close()
 	var g agentGauges
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(strings.NewReader(body))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		l := sc.Text()

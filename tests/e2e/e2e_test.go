@@ -63,8 +63,10 @@ type suite struct {
 	ctx                context.Context
 	cancel             context.CancelFunc
 	// metricsAddr is every agent start's metrics endpoint and jobMapDir its
-	// dcgm-exporter job mapping directory (metrics_test.go).
-	metricsAddr, jobMapDir string
+	// dcgm-exporter job mapping directory (metrics_test.go); webConfig
+	// admits metricsUser with metricsPassword to the per-job series.
+	metricsAddr, jobMapDir                  string
+	webConfig, metricsUser, metricsPassword string
 }
 
 var (
@@ -309,6 +311,9 @@ type agentOpts struct {
 	// yaml is appended to the agent's configuration file (a test's own
 	// keys, e.g. nvswitch_test.go's fake majors).
 	yaml string
+	// openMetrics leaves out metrics.web_config: the shipped default,
+	// node aggregates to every scraper.
+	openMetrics bool
 }
 
 // agentArgs writes the agent's own configuration file and audit file for
@@ -344,7 +349,11 @@ func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 	if err := st.metricsSetup(); err != nil {
 		return nil, err
 	}
-	yaml += fmt.Sprintf("metrics:\n  listen: %s\n  sample_interval: 1s\ndcgm_job_mapping_dir: %s\n", st.metricsAddr, st.jobMapDir)
+	yaml += fmt.Sprintf("metrics:\n  listen: %s\n  sample_interval: 1s\n", st.metricsAddr)
+	if !opt.openMetrics {
+		yaml += fmt.Sprintf("  web_config: %s\n", st.webConfig)
+	}
+	yaml += fmt.Sprintf("dcgm_job_mapping_dir: %s\n", st.jobMapDir)
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,8 @@
 package e2e
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"github.com/gpufence/gpufence/agent/gpulist"
@@ -18,11 +20,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/bcrypt"
 )
 
 // metricsSetup picks, once per suite, the metrics endpoint every agent start
 // listens on (a free port: parallel suites on one machine must not share
-// one) and the dcgm-exporter job mapping directory.
+// one), the dcgm-exporter job mapping directory, and the web configuration
+// (basic auth, a password of this run's own) that admits the suite's
+// scrapers to the per-job series.
 func (st *suite) metricsSetup() error {
 	if st.metricsAddr != "" {
 		return nil
@@ -31,9 +37,41 @@ func (st *suite) metricsSetup() error {
 	if err != nil {
 		return fmt.Errorf("metrics port: %w", err)
 	}
+	pw := make([]byte, 16)
+	if _, err := rand.Read(pw); err != nil {
+		return err
+	}
+	st.metricsUser, st.metricsPassword = "prometheus", hex.EncodeToString(pw)
+	hash, err := bcrypt.GenerateFromPassword([]byte(st.metricsPassword), bcrypt.MinCost)
+	if err != nil {
+		return err
+	}
+	st.webConfig = filepath.Join(st.c.Root(), "etc", "metrics-web.yaml")
+	if err := os.WriteFile(st.webConfig, []byte(fmt.Sprintf("basic_auth_users:\n  %s: %s\n", st.metricsUser, hash)), 0o600); err != nil {
+		return err
+	}
 	st.metricsAddr = addr
 	st.jobMapDir = filepath.Join(st.c.Root(), "run", "dcgm-job-mapping")
 	return nil
+}
+
+// scrape GETs path from the agent's endpoint, with the suite's basic-auth
+// credentials when auth is set.
+func (st *suite) scrape(path string, auth bool) (int, string, error) {
+	req, err := http.NewRequest(http.MethodGet, "http://"+st.metricsAddr+path, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	if auth {
+		req.SetBasicAuth(st.metricsUser, st.metricsPassword)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
 }
 
 func freeAddr() (string, error) {
@@ -53,7 +91,7 @@ type promServer struct {
 	log string
 }
 
-func startPrometheus(t *testing.T, target string) *promServer {
+func startPrometheus(t *testing.T, target, user, password string) *promServer {
 	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -61,7 +99,8 @@ func startPrometheus(t *testing.T, target string) *promServer {
 	}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "prometheus.yml")
-	conf := fmt.Sprintf("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpufence\n    static_configs:\n      - targets: [%q]\n", target)
+	// basic_auth as docs/metrics.md tells operators to scrape with.
+	conf := fmt.Sprintf("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpufence\n    basic_auth:\n      username: %q\n      password: %q\n    static_configs:\n      - targets: [%q]\n", user, password, target)
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +220,7 @@ func (p *promServer) waitQuery(t *testing.T, q string, timeout time.Duration, wh
 func TestPrivilegedMetrics(t *testing.T) {
 	st := get(t)
 	t0 := time.Now()
-	prom := startPrometheus(t, st.metricsAddr)
+	prom := startPrometheus(t, st.metricsAddr, st.metricsUser, st.metricsPassword)
 	prom.waitQuery(t, `up{job="gpufence"}`, 20*time.Second, "agent scraped", func(s []promSample) bool { return len(s) == 1 && s[0].Value == 1 })
 	if s := prom.query(t, `gpufence_build_info`); len(s) != 1 || !strings.HasPrefix(s[0].Metric["goversion"], "go") {
 		t.Errorf("gpufence_build_info: %v", s)
@@ -242,10 +281,8 @@ func TestPrivilegedMetrics(t *testing.T) {
 		b, _ := os.ReadFile(mapFile)
 		t.Errorf("dcgm mapping file %s still there after the job ended: %q %v", mapFile, b, err)
 	}
-	if resp, err := http.Get("http://" + st.metricsAddr + "/healthz"); err != nil || resp.StatusCode != 200 {
-		t.Errorf("/healthz: %v %v", resp, err)
-	} else {
-		resp.Body.Close()
+	if code, body, err := st.scrape("/healthz", true); err != nil || code != 200 {
+		t.Errorf("/healthz: %d %q %v", code, body, err)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/daemon"
 	"github.com/gpufence/gpufence/agent/devices"
+	"github.com/gpufence/gpufence/agent/metrics"
 	"github.com/gpufence/gpufence/agent/server"
 	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/agent/verify"
@@ -175,6 +176,12 @@ func runAgent(args []string, _, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpufence agent: %v\n", err)
 		return 2
 	}
+	if cfg.Metrics.WebConfig != "" {
+		if err := metrics.CheckWebConfig(cfg.Metrics.WebConfig); err != nil {
+			fmt.Fprintf(stderr, "gpufence agent: %s: metrics.web_config: %v\n", *cfgPath, err)
+			return 2
+		}
+	}
 	log := newLogger(cfg, stderr)
 	reload := func() (config.Config, error) {
 		c, err := loadConfig(fs, *cfgPath)
@@ -323,16 +330,29 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 			onHangup(d, rec, log, reload)
 		}
 	}()
-	waitMetrics := startMetrics(ctx, cfg, exp, d, log)
+	// Serve ends early only when its listener is gone: then the agent
+	// stops (exit 1) rather than run on with a socket nobody serves.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	health := agentHealth(ln.Addr().String(), d.Healthy)
+	waitMetrics := startMetrics(ctx, cfg, exp, d, health, log)
 	srv := server.New(ln, exp.Instrument(d), log, cfg.RequestTimeout.Duration)
 	srv.Limit(server.MaxConns, exp.Shed)
+	srv.OnAcceptError(exp.AcceptError(metrics.ListenerPlugin))
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ctx) }()
+	go func() {
+		err := srv.Serve(ctx)
+		if err != nil {
+			log.Error("the plugin socket stopped serving; stopping the agent", "err", err)
+		}
+		cancel()
+		errc <- err
+	}()
 	log.Info("gpufence agent ready", "mode", mode, "socket_activated", activated)
 	// Ready only now: the filter is attached (or waits for Slurm's scope),
 	// pinned state is adopted and the socket answers.
 	notify(log, "READY=1\nSTATUS=enforcing GPU isolation ("+cfg.Enforcement+")")
-	go watchdog(ctx, d, log)
+	go watchdog(ctx, health, log)
 	rec.Emit(audit.Record{Event: audit.EventAgentStart, Severity: audit.SeverityNotice, PolicyMode: policyMode(cfg),
 		Message: fmt.Sprintf("gpufence agent %s started (filter mode %s, %s)", version.Version, mode, cfg.Enforcement)})
 	runErr := d.Run(ctx)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 
+	"github.com/gpufence/gpufence/agent/accept"
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/daemon"
@@ -42,8 +43,14 @@ func newExporter(cfg config.Config, rec *audit.Pipeline, sampler metrics.Sampler
 
 // startMetrics runs the exporter's sampling loop and, unless metrics.listen
 // is empty, its HTTP endpoint, both until ctx ends; the returned func waits
-// for them. A port that cannot be bound is logged, not fatal.
-func startMetrics(ctx context.Context, cfg config.Config, exp *metrics.Exporter, d *daemon.Daemon, log *slog.Logger) (wait func()) {
+// for them. A port that cannot be bound is logged, not fatal. health is
+// /healthz's check (agentHealth).
+//
+// Every local user can connect to the endpoint, so it holds at most
+// metrics.max_connections, and never more than a quarter of the agent's
+// open-files limit (raised to the hard limit first): holding connections
+// to it cannot spend the descriptors the plugin's socket needs.
+func startMetrics(ctx context.Context, cfg config.Config, exp *metrics.Exporter, d *daemon.Daemon, health func(context.Context) error, log *slog.Logger) (wait func()) {
 	exp.Follow(func() metrics.Counts {
 		c := d.Counts()
 		return metrics.Counts{Jobs: c.Jobs, Steps: c.Steps, Exempt: c.Exempt, FilterAttached: c.FilterAttached}
@@ -54,14 +61,23 @@ func startMetrics(ctx context.Context, cfg config.Config, exp *metrics.Exporter,
 	n := 1
 	go func() { exp.Run(ctx); done <- struct{}{} }()
 	if cfg.Metrics.Listen != "" {
-		ln, err := net.Listen("tcp", cfg.Metrics.Listen)
+		raw, err := net.Listen("tcp", cfg.Metrics.Listen)
 		if err != nil {
 			log.Error("metrics endpoint not started", "listen", cfg.Metrics.Listen, "err", err)
 		} else {
 			n++
-			log.Info("metrics endpoint listening", "listen", ln.Addr().String())
+			nofile, err := accept.RaiseNoFile()
+			if err != nil {
+				log.Warn("open-files limit not raised", "err", err)
+			}
+			max := accept.Budget(cfg.Metrics.MaxConnections, nofile)
+			ln := accept.Limit(raw, max, &accept.Retry{Name: metrics.ListenerMetrics, Log: log.With("component", "metrics"),
+				OnError: exp.AcceptError(metrics.ListenerMetrics)}, exp.MetricsShed)
+			detail := cfg.Metrics.WebConfig != ""
+			log.Info("metrics endpoint listening", "listen", raw.Addr().String(), "max_connections", max, "open_files_limit", nofile,
+				"per_job_series", detail)
 			go func() {
-				if err := metrics.Serve(ctx, ln, exp.Handler(d.Healthy), log); err != nil {
+				if err := metrics.Serve(ctx, ln, exp.Handler(health, detail), cfg.Metrics.WebConfig, log); err != nil {
 					log.Error("metrics endpoint stopped", "err", err)
 				}
 				done <- struct{}{}

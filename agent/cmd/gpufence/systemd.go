@@ -14,7 +14,6 @@ import (
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 
 	"github.com/gpufence/gpufence/agent/config"
-	"github.com/gpufence/gpufence/agent/daemon"
 	"github.com/gpufence/gpufence/agent/server"
 )
 
@@ -62,9 +61,35 @@ func notify(log *slog.Logger, state string) {
 	}
 }
 
-// watchdog pings systemd's watchdog while the daemon's state can be
-// locked, so a wedged agent stops pinging and is restarted.
-func watchdog(ctx context.Context, d *daemon.Daemon, log *slog.Logger) {
+// agentHealth is the agent's real state, for /healthz and the watchdog:
+// the plugin's socket answers an exchange (server.Probe, on the address
+// the agent serves, which is systemd's under socket activation), and the
+// daemon's state can be taken (healthy returns: daemon.Healthy). Both
+// within ctx.
+func agentHealth(socket string, healthy func()) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		timeout := 2 * time.Second
+		if dl, ok := ctx.Deadline(); ok {
+			timeout = time.Until(dl)
+		}
+		if err := server.Probe(socket, timeout); err != nil {
+			return fmt.Errorf("the plugin socket does not serve: %w", err)
+		}
+		done := make(chan struct{})
+		go func() { healthy(); close(done) }()
+		select {
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("the agent's state stayed locked: %w", ctx.Err())
+		}
+	}
+}
+
+// watchdog pings systemd's watchdog only while health passes, so an agent
+// whose socket does not serve, or whose state is wedged, stops pinging and
+// systemd restarts it.
+func watchdog(ctx context.Context, health func(context.Context) error, log *slog.Logger) {
 	interval, err := sddaemon.SdWatchdogEnabled(false)
 	if err != nil || interval <= 0 {
 		return
@@ -76,7 +101,13 @@ func watchdog(ctx context.Context, d *daemon.Daemon, log *slog.Logger) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			d.Healthy()
+			hctx, cancel := context.WithTimeout(ctx, interval/4)
+			err := health(hctx)
+			cancel()
+			if err != nil {
+				log.Error("watchdog not pinged: the agent cannot serve", "err", err)
+				continue
+			}
 			notify(log, sddaemon.SdNotifyWatchdog)
 		}
 	}
