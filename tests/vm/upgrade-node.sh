@@ -46,14 +46,14 @@ metrics() {
 	cat <&3
 	exec 3<&-
 }
-# snap LABEL: the agent's pid, open fds and goroutines.
+# snap LABEL: the agent's pid, open fds and threads (from /proc: the
+# unauthenticated /metrics no longer shows the agent's own process figures).
 snap() {
 	local pid m
 	pid=$(systemctl show -p MainPID --value gpufence)
 	m=$(metrics)
 	echo "agent $1: pid=$pid fds=$(ls /proc/"$pid"/fd 2>/dev/null | wc -l)" \
-		"goroutines=$(awk '/^go_goroutines /{print $2}' <<<"$m")" \
-		"open_fds=$(awk '/^process_open_fds /{print $2}' <<<"$m")" \
+		"threads=$(awk '/^Threads:/{print $2}' /proc/"$pid"/status 2>/dev/null)" \
 		"shed=$(awk '/^gpufence_requests_shed_total /{print $2}' <<<"$m")" \
 		"lost=$(awk '/^gpufence_audit_records_lost_total/{s+=$2} END{print s+0}' <<<"$m")" \
 		"version=$(sed -n 's/^gpufence_build_info{.*version="\([^"]*\)".*/\1/p' <<<"$m")"
