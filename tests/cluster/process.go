@@ -141,6 +141,52 @@ func WaitSocket(path string, timeout time.Duration) error {
 	}
 }
 
+// WaitListener waits until the unix socket at path accepts a connection
+// from a listener that pid made. A connect alone can land in the backlog
+// of an agent that was just killed: until a child it was forking at that
+// instant has exec'd, the child holds the old listener open. The peer
+// credentials of a connected unix socket are the listener's (SO_PEERCRED).
+func WaitListener(path string, pid int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		err = listenerIs(path, pid)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("socket %s not served by pid %d after %s: %w", path, pid, timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func listenerIs(path string, pid int) error {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	raw, err := c.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	if int(cred.Pid) != pid {
+		return fmt.Errorf("listener is pid %d, not %d", cred.Pid, pid)
+	}
+	return nil
+}
+
 // tail returns the last n lines of a file, labelled, for error messages.
 func tail(path string, n int) string {
 	b, err := os.ReadFile(path)

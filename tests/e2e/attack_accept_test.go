@@ -163,7 +163,8 @@ func TestPrivilegedAttackMetricsExhaustion(t *testing.T) {
 			t.Errorf("restart the suite's agent: %v", err)
 		}
 	}()
-	if err := cluster.WaitSocket(st.sock, 20*time.Second); err != nil {
+	// prlimit execs the agent: the listener is p's own pid.
+	if err := cluster.WaitListener(st.sock, p.PID, 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	limits, _ := os.ReadFile(fmt.Sprintf("/proc/%d/limits", p.PID))

@@ -375,7 +375,7 @@ func (st *suite) startAgent(o ...agentOpts) error {
 		return err
 	}
 	st.agent = p
-	return cluster.WaitSocket(st.sock, 20*time.Second)
+	return cluster.WaitListener(st.sock, p.PID, 20*time.Second)
 }
 
 func (st *suite) stop() error {
