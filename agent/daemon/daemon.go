@@ -181,6 +181,14 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		},
 		OnRelease:     d.ev.Release,
 		BeforeEnforce: d.beforeEnforce,
+		WatchSlurmd: func(dir string) {
+			if d.watch == nil {
+				return
+			}
+			if err := d.watch.WatchMade(dir); err != nil {
+				d.log.Warn("slurmd's cgroup made again is found by the periodic reconcile only", "cgroup", dir, "err", err)
+			}
+		},
 	})
 	if cfg.RecoverFromSlurmctld {
 		d.recovery = &recovery.Recovery{Source: jobSource(cfg), Table: d.table, Node: cfg.NodeName}

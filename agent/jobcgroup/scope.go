@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -472,4 +473,40 @@ func rootProc(pid int) bool {
 		}
 	}
 	return false
+}
+
+// Slurmd is slurmd's own cgroup when it is outside the scope, as systemd
+// runs it (slurmd.service): the cgroup of the root slurmd processes among
+// f.Procs (the same exe rule as the scope's proof), "" when slurmd runs
+// inside the scope (the scope's program covers it) or none runs. Never the
+// mount's root or an ancestor of the scope (the program there would judge
+// every other service), a cgroup in a user's subtree (root's own login
+// session, where an admin may run slurmd -C), or one inside another
+// cgroup named like a scope (another Slurm's, such as a test cluster's).
+// slurmd processes in two such cgroups are an error: which one serves
+// this node's sbcast cannot be told.
+func (f Found) Slurmd(mount string) (string, error) {
+	if f.Scope == "" {
+		return "", nil
+	}
+	var dirs []string
+	for _, p := range f.Procs {
+		if p.Kind != "slurmd" || within(p.Cgroup, f.Scope) || within(f.Scope, p.Cgroup) || slices.Contains(dirs, p.Cgroup) {
+			continue
+		}
+		rel, err := filepath.Rel(mount, p.Cgroup)
+		if err != nil || rel == "." || strings.HasPrefix(rel, "../") || userSubtree(rel) != "" ||
+			slices.ContainsFunc(strings.Split(rel, "/"), IsScopeName) {
+			continue
+		}
+		dirs = append(dirs, p.Cgroup)
+	}
+	switch len(dirs) {
+	case 0:
+		return "", nil
+	case 1:
+		return dirs[0], nil
+	}
+	sort.Strings(dirs)
+	return "", fmt.Errorf("slurmd runs in %d cgroups outside the scope (%s): which one serves this node cannot be told", len(dirs), strings.Join(dirs, ", "))
 }

@@ -356,3 +356,35 @@ func TestPrivilegedSlurmProcs(t *testing.T) {
 		}
 	}
 }
+
+func TestFoundSlurmd(t *testing.T) {
+	const m = "/sys/fs/cgroup"
+	scope := m + "/system.slice/n1_slurmstepd.scope"
+	svc := m + "/system.slice/slurmd.service"
+	d := func(pid int, cg string) Proc { return Proc{PID: pid, Kind: "slurmd", Cgroup: cg} }
+	for _, tc := range []struct {
+		name    string
+		scope   string
+		procs   []Proc
+		want    string
+		wantErr bool
+	}{
+		{"systemd's slurmd.service", scope, []Proc{d(10, svc), d(11, svc), {PID: 12, Kind: "slurmstepd", Cgroup: scope + "/system"}}, svc, false},
+		{"slurmd inside the scope", scope, []Proc{d(10, scope+"/slurmd")}, "", false},
+		{"no scope yet", "", []Proc{d(10, svc)}, "", false},
+		{"no slurmd", scope, []Proc{{PID: 12, Kind: "slurmstepd", Cgroup: scope + "/system"}}, "", false},
+		{"the mount's root", scope, []Proc{d(10, m)}, "", false},
+		{"an ancestor of the scope", scope, []Proc{d(10, m+"/system.slice")}, "", false},
+		{"root's login session", scope, []Proc{d(10, m+"/user.slice/user-0.slice/session-3.scope")}, "", false},
+		{"another Slurm's scope", scope, []Proc{d(10, m+"/gpufence-test/x_slurmstepd.scope/slurmd")}, "", false},
+		{"outside the mount", scope, []Proc{d(10, "/elsewhere")}, "", false},
+		{"two services", scope, []Proc{d(10, svc), d(20, m+"/system.slice/slurmd@b.service")}, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Found{Scope: tc.scope, Procs: tc.procs}.Slurmd(m)
+			if got != tc.want || (err != nil) != tc.wantErr {
+				t.Errorf("Slurmd() = %q, %v; want %q, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}

@@ -123,3 +123,16 @@ func (f *Filter) adoptSlurmdLink(prev *pinned) error {
 	f.log.Info("removing the device filter pin of slurmd's removed cgroup")
 	return removePins(prev.dir, []string{pinSlurmdLink})
 }
+
+// PinnedSlurmdCgroup returns the id of the cgroup the slurmd link pinned
+// in pinDir is on, 0 when there is none (or it is defunct): the entry of
+// that cgroup is not stale although it is outside the scope.
+func PinnedSlurmdCgroup(pinDir string) uint64 {
+	l, err := link.LoadPinnedLink(filepath.Join(pinDir, pinSlurmdLink), nil)
+	if err != nil {
+		return 0
+	}
+	defer l.Close()
+	id, _ := linkCgroupID(l)
+	return id
+}
