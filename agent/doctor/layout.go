@@ -108,6 +108,11 @@ func (r *run) checkLayout() Check {
 		}
 		c.add("cgroup named like Slurm's scope: %s", line)
 	}
+	if sd, err := found.Slurmd(r.env.path(mount)); err != nil {
+		c.warn("Stop the slurmd that is not this node's, or run it inside Slurm's scope.", "%s", unroot(err.Error()))
+	} else if sd != "" {
+		c.add("slurmd runs in %s, outside the scope (systemd's unit): the agent attaches the filter there too, every GPU for root only (its sbcast child runs as the user)", r.nodePath(sd))
+	}
 	inSlice := r.nodePath(auto.Scope)
 	picked := r.nodePath(found.Scope)
 	switch {
