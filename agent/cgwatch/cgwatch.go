@@ -28,9 +28,9 @@ type Watcher struct {
 	mu   sync.Mutex
 	byWD map[int32]uint64
 	byID map[uint64]int32
-	// parents are the directories watched for a child made (WatchMade):
-	// by watch, the parent and the child's name.
-	parents map[int32][2]string
+	// parents are the directories watched for a child made or written
+	// (WatchMade): by watch, the parent and the children's names.
+	parents map[int32]parentWatch
 	done    chan struct{}
 }
 
@@ -45,7 +45,7 @@ func New() (*Watcher, error) {
 		f:    os.NewFile(uintptr(fd), "inotify"),
 		gone: make(chan uint64, 1024),
 		made: make(chan string, 1),
-		byWD: map[int32]uint64{}, byID: map[uint64]int32{}, parents: map[int32][2]string{},
+		byWD: map[int32]uint64{}, byID: map[uint64]int32{}, parents: map[int32]parentWatch{},
 		done: make(chan struct{}),
 	}
 	go w.read()
@@ -55,37 +55,42 @@ func New() (*Watcher, error) {
 // Gone delivers the ids of removed cgroups. It is closed by Close.
 func (w *Watcher) Gone() <-chan uint64 { return w.gone }
 
-// Made delivers the path of a directory WatchMade watches for each time it
-// is made (coalesced: one pending at most). It is closed by Close.
+type parentWatch struct {
+	dir   string
+	names map[string]bool
+}
+
+// Made delivers a path WatchMade watches each time it is made or written
+// (coalesced: one pending at most). It is closed by Close.
 func (w *Watcher) Made() <-chan string { return w.made }
 
-// WatchMade watches dir's parent for a directory named like dir being
-// made, in place of any earlier WatchMade (one path is watched).
-func (w *Watcher) WatchMade(dir string) error {
+// WatchMade watches the parent of path for path being made (a cgroup
+// directory systemd makes anew) or written (a pid file slurmd writes at
+// its start). Watches add up; watching a path twice is one watch.
+func (w *Watcher) WatchMade(path string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	raw, err := w.f.SyscallConn()
 	if err != nil {
 		return err
 	}
-	parent, name := filepath.Dir(dir), filepath.Base(dir)
+	parent, name := filepath.Dir(path), filepath.Base(path)
 	var wd int
 	var werr error
 	if err := raw.Control(func(fd uintptr) {
-		wd, werr = unix.InotifyAddWatch(int(fd), parent, unix.IN_CREATE|unix.IN_ONLYDIR)
+		wd, werr = unix.InotifyAddWatch(int(fd), parent, unix.IN_CREATE|unix.IN_MODIFY|unix.IN_MOVED_TO|unix.IN_ONLYDIR)
 	}); err != nil {
 		return err
 	}
 	if werr != nil {
-		return fmt.Errorf("watch cgroup %s for %s: %w", parent, name, werr)
+		return fmt.Errorf("watch %s for %s: %w", parent, name, werr)
 	}
-	for old := range w.parents {
-		if old != int32(wd) {
-			w.rmLocked(old)
-			delete(w.parents, old)
-		}
+	p, ok := w.parents[int32(wd)]
+	if !ok {
+		p = parentWatch{dir: parent, names: map[string]bool{}}
+		w.parents[int32(wd)] = p
 	}
-	w.parents[int32(wd)] = [2]string{parent, name}
+	p.names[name] = true
 	return nil
 }
 
@@ -178,13 +183,14 @@ func (w *Watcher) read() {
 				name = string(bytes.TrimRight(b, "\x00"))
 			}
 			off += unix.SizeofInotifyEvent + int(ev.Len)
-			if ev.Mask&unix.IN_CREATE != 0 {
+			if ev.Mask&(unix.IN_CREATE|unix.IN_MODIFY|unix.IN_MOVED_TO) != 0 {
 				w.mu.Lock()
 				p, ok := w.parents[ev.Wd]
+				ok = ok && p.names[name]
 				w.mu.Unlock()
-				if ok && name == p[1] {
+				if ok {
 					select {
-					case w.made <- filepath.Join(p[0], p[1]):
+					case w.made <- filepath.Join(p.dir, name):
 					default:
 					}
 				}

@@ -56,7 +56,8 @@ func (tr *tree) openAs(dir string, uid int) string {
 // production has it: slurmd under systemd in slurmd.service, beside the
 // scope, where the child slurmd forks for sbcast drops to the job's user
 // and opens the destination. The agent finds slurmd's cgroup by the root
-// slurmd process in it (a stand-in: a copy of sleep named slurmd), puts
+// slurmd process in it whose pid is in SlurmdPidFile (a stand-in: a copy
+// of sleep named slurmd; another outside the scope is not this node's), puts
 // the filter there with a root-only entry at start, so root keeps the GPU
 // (ENXIO) and a process there as a user is refused it (EPERM) and audited
 // as a non-root process in that cgroup; when the cgroup is made again (a
@@ -87,7 +88,27 @@ func TestPrivilegedSlurmdServiceOutsideScope(t *testing.T) {
 	if got := tr.openAs(svc, nobody); got != "ENXIO" {
 		t.Fatalf("before the agent, a user's process in slurmd.service: nvidia0 %s, want ENXIO (nothing narrows it)", got)
 	}
+	// This node's slurmd is the one its SlurmdPidFile names: the
+	// machine's other Slurms' are not this node's to narrow.
+	pidFile := filepath.Join(tr.t.TempDir(), "slurmd.pid")
+	conf := filepath.Join(tr.gres, "slurm.conf")
+	if err := os.WriteFile(conf, []byte("TaskPlugin=task/affinity,task/cgroup\nSlurmdPidFile="+pidFile+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writePid := func(cmd *exec.Cmd) {
+		t.Helper()
+		if err := os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another root slurmd outside the scope, not this node's: left alone.
+	other := filepath.Join(tr.root, "system.slice", "other-slurmd.service")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tr.slurmProc("slurmd", other)
 	sd := tr.slurmProc("slurmd", svc)
+	writePid(sd)
 	d, _ := tr.daemonWith(devfilter.ModeScope, func(c *config.Config) {
 		// Only the watch may re-attach below, never a periodic pass.
 		c.ReconcileInterval = config.Duration{Duration: time.Hour}
@@ -107,6 +128,9 @@ func TestPrivilegedSlurmdServiceOutsideScope(t *testing.T) {
 		}
 	}
 	narrowed("at start")
+	if got := tr.openAs(other, nobody); got != "ENXIO" {
+		t.Errorf("uid %d beside another Slurm's slurmd: nvidia0 %s, want ENXIO (not this node's cgroup)", nobody, got)
+	}
 	_, id := d.enf.Slurmd()
 	waitRecord(t, tr, "the denial in slurmd.service", func(r audit.Record) bool {
 		return r.Event == audit.EventGPUAccess && r.Decision == audit.DecisionDenied && r.CgroupID == id &&
@@ -139,7 +163,7 @@ func TestPrivilegedSlurmdServiceOutsideScope(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	tr.slurmProc("slurmd", svc)
+	writePid(tr.slurmProc("slurmd", svc))
 	narrowed("after slurmd.service was made again")
 	waitRecord(t, tr, "the re-attach", func(r audit.Record) bool {
 		return r.Event == audit.EventFilterReattached && r.CgroupID == newID && r.Cgroup == svc

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/agent/slurm"
 )
 
 // atLeast reports whether v is release major.minor or newer.
@@ -108,8 +109,9 @@ func (r *run) checkLayout() Check {
 		}
 		c.add("cgroup named like Slurm's scope: %s", line)
 	}
-	if sd, err := found.Slurmd(r.env.path(mount)); err != nil {
-		c.warn("Stop the slurmd that is not this node's, or run it inside Slurm's scope.", "%s", unroot(err.Error()))
+	pidFile, _ := get(s.Lines, "SlurmdPidFile")
+	if sd, err := found.Slurmd(r.env.path(mount), r.env.path(slurm.Settings{SlurmdPidFile: pidFile}.SlurmdPid(node))); err != nil {
+		c.warn("Check SlurmdPidFile in slurm.conf: the agent takes this node's slurmd from it.", "%s", unroot(err.Error()))
 	} else if sd != "" {
 		c.add("slurmd runs in %s, outside the scope (systemd's unit): the agent attaches the filter there too, every GPU for root only (its sbcast child runs as the user)", r.nodePath(sd))
 	}

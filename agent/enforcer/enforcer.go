@@ -20,6 +20,7 @@ import (
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -67,6 +68,10 @@ type Options struct {
 	// Slice returns cgroup.conf's CgroupSlice as it is now ("" =
 	// system.slice): where slurmd makes its scope. nil = system.slice.
 	Slice func() string
+	// SlurmdPid returns the file this node's slurmd writes its pid to
+	// (slurm.conf's SlurmdPidFile): which root slurmd is this node's, for
+	// its cgroup outside the scope. nil = Slurm's default.
+	SlurmdPid func() string
 	// Exempt are the scope's children that keep every device.
 	Exempt []string
 	// PinDir is where the filter pins (for the stale cleanup at start).
@@ -82,7 +87,8 @@ type Options struct {
 	// WatchSlurmd, when set, is told slurmd's cgroup outside the scope
 	// each time the filter is put there: systemd makes it again at every
 	// slurmd restart, and a watch on its parent (cgwatch) calls
-	// RefreshSlurmd at once. It must not block.
+	// RefreshSlurmd at once (as one on the pid file does when slurmd
+	// starts). It must not block.
 	WatchSlurmd func(dir string)
 	// BeforeEnforce, when set, is called with each filter being attached,
 	// after the exempt entries and before the program first runs: the
@@ -295,6 +301,9 @@ func (e *Enforcer) attachLocked(scope string) error {
 	e.o.Log.Info("device filter attached", "cgroup", scope, "mode", f.Mode(), "adopted_pinned", adopted)
 	e.o.OnAttach(f)
 	e.refreshExemptLocked()
+	// slurmd's cgroup outside the scope, found by /proc, which is not
+	// read under e.mu: now, not at the next reconcile pass.
+	go e.RefreshSlurmd()
 	return nil
 }
 
@@ -412,7 +421,7 @@ func (e *Enforcer) Reconcile() {
 	// nothing: the filter stays where it is.
 	found := e.FindScope()
 	scope := found.Scope
-	slurmd, serr := found.Slurmd(e.o.Mount)
+	slurmd, serr := found.Slurmd(e.o.Mount, e.slurmdPid())
 	e.mu.Lock()
 	e.noteGoneLocked(found)
 	switch {
@@ -598,16 +607,26 @@ func (e *Enforcer) Guards(live string) (mode devfilter.Mode, scope, problem stri
 	return mode, scope, ""
 }
 
-// RefreshSlurmd puts the filter on slurmd's cgroup as it is now at the
-// path it was last found at: systemd made slurmd.service again (a slurmd
-// restart), and until the program is on the new cgroup the child slurmd
-// forks for sbcast opens any GPU there. It reads no /proc (the watch on
-// the parent calls it as systemd makes the cgroup, before slurmd runs in
-// it); Reconcile finds slurmd's cgroup by its processes.
+// RefreshSlurmd puts the filter on slurmd's cgroup as it is now: the one
+// this node's slurmd runs in (its pid file, just written at its start),
+// else the path it was last found at, which systemd made again at a slurmd
+// restart before slurmd runs in it. Until the program is on that cgroup
+// the child slurmd forks for sbcast opens any GPU there; the watches on
+// the pid file and the cgroup's parent call this at once, Reconcile at
+// every pass. It reads /proc: never call it holding e.mu.
 func (e *Enforcer) RefreshSlurmd() {
+	found := e.FindScope()
+	slurmd, serr := found.Slurmd(e.o.Mount, e.slurmdPid())
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.refreshSlurmdLocked("", nil)
+	e.refreshSlurmdLocked(slurmd, serr)
+}
+
+func (e *Enforcer) slurmdPid() string {
+	if e.o.SlurmdPid != nil {
+		return e.o.SlurmdPid()
+	}
+	return slurm.DefaultSlurmdPidFile
 }
 
 // Slurmd is slurmd's cgroup outside the scope that the filter was last put

@@ -476,37 +476,48 @@ func rootProc(pid int) bool {
 }
 
 // Slurmd is slurmd's own cgroup when it is outside the scope, as systemd
-// runs it (slurmd.service): the cgroup of the root slurmd processes among
-// f.Procs (the same exe rule as the scope's proof), "" when slurmd runs
-// inside the scope (the scope's program covers it) or none runs. Never the
-// mount's root or an ancestor of the scope (the program there would judge
-// every other service), a cgroup in a user's subtree (root's own login
-// session, where an admin may run slurmd -C), or one inside another
-// cgroup named like a scope (another Slurm's, such as a test cluster's).
-// slurmd processes in two such cgroups are an error: which one serves
-// this node's sbcast cannot be told.
-func (f Found) Slurmd(mount string) (string, error) {
+// runs it (slurmd.service): the cgroup of the slurmd whose pid is in
+// pidFile (this node's SlurmdPidFile, which only root writes), when that
+// pid is one of f.Procs' root slurmd processes (the same exe rule as the
+// scope's proof). Any root slurmd would not do: on one machine there may
+// be other Slurms' (test clusters, a second slurmd) whose cgroups are not
+// this node's to narrow. "" when slurmd runs inside the scope (the scope's
+// program covers it), when none runs (no pid file, a stale one), or when
+// its cgroup is the mount's root or an ancestor of the scope (the program
+// there would judge every other service), in a user's subtree, or inside
+// a cgroup named like a scope.
+func (f Found) Slurmd(mount, pidFile string) (string, error) {
 	if f.Scope == "" {
 		return "", nil
 	}
-	var dirs []string
+	b, err := os.ReadFile(pidFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("slurmd's pid file: %w", err)
+	}
+	if strings.TrimSpace(string(b)) == "" {
+		// Made, not yet written: slurmd is starting.
+		return "", nil
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return "", fmt.Errorf("slurmd's pid file %s: %q is not a pid", pidFile, strings.TrimSpace(string(b)))
+	}
 	for _, p := range f.Procs {
-		if p.Kind != "slurmd" || within(p.Cgroup, f.Scope) || within(f.Scope, p.Cgroup) || slices.Contains(dirs, p.Cgroup) {
+		if p.PID != pid || p.Kind != "slurmd" {
 			continue
+		}
+		if within(p.Cgroup, f.Scope) || within(f.Scope, p.Cgroup) {
+			return "", nil
 		}
 		rel, err := filepath.Rel(mount, p.Cgroup)
 		if err != nil || rel == "." || strings.HasPrefix(rel, "../") || userSubtree(rel) != "" ||
 			slices.ContainsFunc(strings.Split(rel, "/"), IsScopeName) {
-			continue
+			return "", nil
 		}
-		dirs = append(dirs, p.Cgroup)
+		return p.Cgroup, nil
 	}
-	switch len(dirs) {
-	case 0:
-		return "", nil
-	case 1:
-		return dirs[0], nil
-	}
-	sort.Strings(dirs)
-	return "", fmt.Errorf("slurmd runs in %d cgroups outside the scope (%s): which one serves this node cannot be told", len(dirs), strings.Join(dirs, ", "))
+	return "", nil
 }

@@ -133,8 +133,9 @@ func (r *Reconciler) Run(ctx context.Context, interval time.Duration) {
 				made = nil
 				continue
 			}
-			// slurmd's cgroup made again (a slurmd restart): the filter
-			// goes on it now, not at the next pass.
+			// slurmd's cgroup made again or its pid file written (a
+			// slurmd restart): the filter goes on it now, not at the next
+			// pass.
 			r.Enforcer.RefreshSlurmd()
 		}
 	}

@@ -776,9 +776,8 @@ func gatherStatus(cfg config.Config) statusInput {
 	var candidates []string
 	if mnt, err := jobcgroup.Mountpoint(); err == nil {
 		w := jobcgroup.Where{Mount: mnt, Configured: cfg.Scope, Node: cfg.NodeName}
-		if st, err := slurm.ReadSettings(cfg.SlurmConf); err == nil {
-			w.Slice = st.CgroupSlice
-		}
+		st, _ := slurm.ReadSettings(cfg.SlurmConf)
+		w.Slice = st.CgroupSlice
 		found := jobcgroup.Find(w)
 		if found.Err != nil {
 			in.ScopeErr = found.Err.Error()
@@ -787,7 +786,7 @@ func gatherStatus(cfg config.Config) statusInput {
 		if found.Scope != "" {
 			in.SlurmScopeID, _ = jobcgroup.ID(found.Scope)
 		}
-		sd, err := found.Slurmd(mnt)
+		sd, err := found.Slurmd(mnt, st.SlurmdPid(cfg.NodeName))
 		if err != nil {
 			in.SlurmdErr = err.Error()
 		}

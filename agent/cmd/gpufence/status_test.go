@@ -526,8 +526,8 @@ func TestStatusScope(t *testing.T) {
 
 // TestStatusSlurmdLink: slurmd outside the scope (systemd's
 // slurmd.service) needs the program there too; status shows the link and
-// names a missing one, one left on the removed cgroup, and a slurmd that
-// cannot be told.
+// names a missing one, one left on the removed cgroup, and a pid file
+// that does not say which slurmd is this node's.
 func TestStatusSlurmdLink(t *testing.T) {
 	const svc = "/sys/fs/cgroup/system.slice/slurmd.service"
 	in := consistentInput(t)
@@ -554,7 +554,7 @@ func TestStatusSlurmdLink(t *testing.T) {
 	}{
 		{"no link", func(in *statusInput) { in.Kernel.SlurmdLink = nil }, "filter: slurmd runs in " + svc + ", outside the scope, and no link is pinned there"},
 		{"made again", func(in *statusInput) { in.Kernel.SlurmdLink.CgroupID = 0 }, "filter: the link on slurmd's cgroup is on cgroup 0, but " + svc + " is cgroup 70"},
-		{"two slurmds", func(in *statusInput) { in.SlurmdErr = "slurmd runs in 2 cgroups outside the scope (a, b)" }, "filter: slurmd runs in 2 cgroups"},
+		{"a pid file that is no pid", func(in *statusInput) { in.SlurmdErr = `slurmd's pid file /run/slurmd.pid: "x" is not a pid` }, "filter: slurmd's pid file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := in
