@@ -714,7 +714,10 @@ func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
 		e.o.WatchSlurmd(dir)
 	}
 	e.slurmdDir, e.slurmdName, e.slurmdID = dir, name, id
-	e.noteSlurmdLocked("", nil, dir)
+	if ferr == nil {
+		// Over; a pid file that still says nothing stays noted once.
+		e.noteSlurmdLocked("", nil, dir)
+	}
 }
 
 // noteSlurmdLocked logs and audits a problem with slurmd's cgroup once
