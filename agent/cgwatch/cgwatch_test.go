@@ -3,7 +3,9 @@
 package cgwatch
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -69,5 +71,40 @@ func TestPrivilegedCgroupRemoved(t *testing.T) {
 	case got := <-w.Gone():
 		t.Errorf("event %d for an unwatched cgroup", got)
 	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// TestWatchMade: a directory made at the watched path is told, one made
+// beside it is not (it would arrive first), and each making again is told
+// again.
+func TestWatchMade(t *testing.T) {
+	w, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	parent := t.TempDir()
+	want := filepath.Join(parent, "slurmd.service")
+	if err := w.WatchMade(want); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		if err := os.Mkdir(filepath.Join(parent, fmt.Sprintf("other%d.service", round)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(want, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-w.Made():
+			if got != want {
+				t.Fatalf("round %d: Made() = %s, want %s", round, got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: %s made, nothing told", round, want)
+		}
+		if err := os.Remove(want); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -171,6 +171,10 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			st, _ := settings.Get()
 			return st.CgroupSlice
 		},
+		SlurmdPid: func() string {
+			st, _ := settings.Get()
+			return st.SlurmdPid(cfg.NodeName)
+		},
 		NewFilter: newFilter, Registry: d.reg, Recorder: rec,
 		OnAttach: func(f enforcer.Filter) {
 			adopted := false
@@ -181,6 +185,14 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		},
 		OnRelease:     d.ev.Release,
 		BeforeEnforce: d.beforeEnforce,
+		WatchSlurmd: func(dir string) {
+			if d.watch == nil {
+				return
+			}
+			if err := d.watch.WatchMade(dir); err != nil {
+				d.log.Warn("slurmd's cgroup made again is found by the periodic reconcile only", "cgroup", dir, "err", err)
+			}
+		},
 	})
 	if cfg.RecoverFromSlurmctld {
 		d.recovery = &recovery.Recovery{Source: jobSource(cfg), Table: d.table, Node: cfg.NodeName}
@@ -188,6 +200,12 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	if d.watch, err = cgwatch.New(); err != nil {
 		d.log.Warn("step ends are found by the periodic reconcile only", "err", err)
 		d.watch = nil
+	} else if st, err := settings.Get(); err == nil {
+		// slurmd writes it at its start: its cgroup outside the scope is
+		// found then, not at the next reconcile pass.
+		if err := d.watch.WatchMade(st.SlurmdPid(cfg.NodeName)); err != nil {
+			d.log.Warn("slurmd's start is found by the periodic reconcile only", "err", err)
+		}
 	}
 	d.h = &handler.Handler{Log: d.log, Mount: mount, Scope: cfg.Scope, Registry: d.reg, Enforcer: d.enf, Table: d.table,
 		Settings: settings, Recorder: rec, Users: d.users, Recovery: d.recovery, Watch: d.watchStep, PolicyMode: d.policyMode,

@@ -403,6 +403,13 @@ func TestFailures(t *testing.T) {
 					Entries: map[uint64]devfilter.PinnedEntry{}, Link: &devfilter.PinnedLink{ID: 17, CgroupID: 4242}}, nil
 			}
 		}, "bpffs", OK, "is on bpffs", "", nil},
+		{"slurmd link defunct (slurmd.service made again)", func(n *node) {
+			n.env.InspectPins = func(string) (*devfilter.PinnedView, error) {
+				return &devfilter.PinnedView{Pins: []string{"link", "link_slurmd", "policy", "prog"}, Mode: devfilter.ModeScope,
+					Entries: map[uint64]devfilter.PinnedEntry{}, Link: &devfilter.PinnedLink{ID: 17, CgroupID: 4242},
+					SlurmdLink: &devfilter.PinnedLink{ID: 18, CgroupID: 0}}, nil
+			}
+		}, "bpffs", Warn, "the pinned link 18 on slurmd's cgroup is defunct", "systemctl restart gpufence", nil},
 		{"socket absent", func(n *node) { n.stopAgent(true) },
 			"agent-socket", Fail, "no socket at /run/gpufence/agent.sock", "gpufence agent", nil},
 		{"socket absent, systemd node", func(n *node) {

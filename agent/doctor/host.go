@@ -214,7 +214,16 @@ func (r *run) checkBPFFS() Check {
 	if v.Link != nil {
 		desc += fmt.Sprintf(", link %d on cgroup %d", v.Link.ID, v.Link.CgroupID)
 	}
+	if v.SlurmdLink != nil {
+		desc += fmt.Sprintf(", link %d on slurmd's cgroup %d", v.SlurmdLink.ID, v.SlurmdLink.CgroupID)
+	}
 	c.add("filter: %s", desc)
+	if v.SlurmdLink != nil && v.SlurmdLink.CgroupID == 0 {
+		// systemd made slurmd.service again (a slurmd restart); the agent
+		// re-attaches as it sees the new cgroup made.
+		c.warn("Run gpufence status: if it still names no link on slurmd's cgroup, restart the agent (systemctl restart gpufence).",
+			"the pinned link %d on slurmd's cgroup is defunct: that cgroup was removed (a slurmd restart under systemd); until the agent attaches to the new one, a process there that runs as a user (sbcast's child) is not narrowed", v.SlurmdLink.ID)
+	}
 	for _, e := range v.Errors {
 		c.warn("Run gpufence status for the details.", "part of the pinned filter is unreadable: %s", e)
 	}

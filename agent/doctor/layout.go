@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/agent/slurm"
 )
 
 // atLeast reports whether v is release major.minor or newer.
@@ -107,6 +108,12 @@ func (r *run) checkLayout() Check {
 			}
 		}
 		c.add("cgroup named like Slurm's scope: %s", line)
+	}
+	pidFile, _ := get(s.Lines, "SlurmdPidFile")
+	if sd, err := found.Slurmd(r.env.path(mount), r.env.path(slurm.Settings{SlurmdPidFile: pidFile}.SlurmdPid(node))); err != nil {
+		c.warn("Check SlurmdPidFile in slurm.conf: the agent takes this node's slurmd from it.", "%s", unroot(err.Error()))
+	} else if sd != "" {
+		c.add("slurmd runs in %s, outside the scope (systemd's unit): the agent attaches the filter there too, every GPU for root only (its sbcast child runs as the user)", r.nodePath(sd))
 	}
 	inSlice := r.nodePath(auto.Scope)
 	picked := r.nodePath(found.Scope)

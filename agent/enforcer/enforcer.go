@@ -20,6 +20,7 @@ import (
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -41,6 +42,11 @@ type Filter interface {
 	// program onto the scope as it is now.
 	ScopeCgroupID() (uint64, error)
 	Reattach(scope string) error
+	// AttachSlurmd and SlurmdCgroupID are for ModeScope too: the program
+	// on slurmd's own cgroup outside the scope (systemd's slurmd.service),
+	// and the cgroup that link is on (0 or a stale id once it is gone).
+	AttachSlurmd(dir string, id uint64) error
+	SlurmdCgroupID() (uint64, error)
 	Close() error
 }
 
@@ -62,6 +68,10 @@ type Options struct {
 	// Slice returns cgroup.conf's CgroupSlice as it is now ("" =
 	// system.slice): where slurmd makes its scope. nil = system.slice.
 	Slice func() string
+	// SlurmdPid returns the file this node's slurmd writes its pid to
+	// (slurm.conf's SlurmdPidFile): which root slurmd is this node's, for
+	// its cgroup outside the scope. nil = Slurm's default.
+	SlurmdPid func() string
 	// Exempt are the scope's children that keep every device.
 	Exempt []string
 	// PinDir is where the filter pins (for the stale cleanup at start).
@@ -74,6 +84,12 @@ type Options struct {
 	// flushed, then forgotten). Neither may block.
 	OnAttach  func(Filter)
 	OnRelease func(id uint64, o registry.Owner)
+	// WatchSlurmd, when set, is told slurmd's cgroup outside the scope
+	// each time the filter is put there: systemd makes it again at every
+	// slurmd restart, and a watch on its parent (cgwatch) calls
+	// RefreshSlurmd at once (as one on the pid file does when slurmd
+	// starts). It must not block.
+	WatchSlurmd func(dir string)
 	// BeforeEnforce, when set, is called with each filter being attached,
 	// after the exempt entries and before the program first runs: the
 	// entries of recorded steps and of running jobs the agent adopts go in
@@ -103,6 +119,13 @@ type Enforcer struct {
 	ignored     map[string]bool
 	// gone: the scope the filter is on was seen removed (logged once).
 	gone bool
+
+	// slurmdDir is slurmd's cgroup outside the scope the filter was last
+	// put on (scope mode), slurmdID its id then, slurmdName its name as an
+	// exempt cgroup (the path below the mount); slurmdProblem what was
+	// last logged and audited about it, once while it lasts. Under e.mu.
+	slurmdDir, slurmdName, slurmdProblem string
+	slurmdID                             uint64
 }
 
 // New returns an enforcer with no filter yet.
@@ -278,6 +301,9 @@ func (e *Enforcer) attachLocked(scope string) error {
 	e.o.Log.Info("device filter attached", "cgroup", scope, "mode", f.Mode(), "adopted_pinned", adopted)
 	e.o.OnAttach(f)
 	e.refreshExemptLocked()
+	// slurmd's cgroup outside the scope, found by /proc, which is not
+	// read under e.mu: now, not at the next reconcile pass.
+	go e.RefreshSlurmd()
 	return nil
 }
 
@@ -395,6 +421,7 @@ func (e *Enforcer) Reconcile() {
 	// nothing: the filter stays where it is.
 	found := e.FindScope()
 	scope := found.Scope
+	slurmd, serr := found.Slurmd(e.o.Mount, e.slurmdPid())
 	e.mu.Lock()
 	e.noteGoneLocked(found)
 	switch {
@@ -410,6 +437,7 @@ func (e *Enforcer) Reconcile() {
 		}
 	}
 	e.refreshExemptLocked()
+	e.refreshSlurmdLocked(slurmd, serr)
 	e.sweepOrphansLocked()
 	e.mu.Unlock()
 }
@@ -440,6 +468,11 @@ func (e *Enforcer) cleanStaleLocked(scope string) {
 		return // nothing pinned yet
 	}
 	live := map[uint64]bool{}
+	// slurmd's cgroup outside the scope keeps its entry: the pinned link
+	// there decides its tasks by it, root slurmd's NVML included.
+	if id := devfilter.PinnedSlurmdCgroup(e.o.PinDir); id != 0 {
+		live[id] = true
+	}
 	for _, pattern := range []string{"*", "*/*"} {
 		dirs, _ := filepath.Glob(filepath.Join(scope, pattern))
 		for _, dir := range dirs {
@@ -572,4 +605,137 @@ func (e *Enforcer) Guards(live string) (mode devfilter.Mode, scope, problem stri
 		return mode, scope, fmt.Sprintf("the device filter's link is on cgroup %d, but Slurm's scope %s is cgroup %d (the scope was made again and the link is defunct, or it was detached)", linked, live, id)
 	}
 	return mode, scope, ""
+}
+
+// RefreshSlurmd puts the filter on slurmd's cgroup as it is now: the one
+// this node's slurmd runs in (its pid file, just written at its start),
+// else the path it was last found at, which systemd made again at a slurmd
+// restart before slurmd runs in it. Until the program is on that cgroup
+// the child slurmd forks for sbcast opens any GPU there; the watches on
+// the pid file and the cgroup's parent call this at once, Reconcile at
+// every pass. It reads /proc: never call it holding e.mu.
+func (e *Enforcer) RefreshSlurmd() {
+	found := e.FindScope()
+	slurmd, serr := found.Slurmd(e.o.Mount, e.slurmdPid())
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.refreshSlurmdLocked(slurmd, serr)
+}
+
+func (e *Enforcer) slurmdPid() string {
+	if e.o.SlurmdPid != nil {
+		return e.o.SlurmdPid()
+	}
+	return slurm.DefaultSlurmdPidFile
+}
+
+// Slurmd is slurmd's cgroup outside the scope that the filter was last put
+// on and its id then ("", 0: none).
+func (e *Enforcer) Slurmd() (string, uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.slurmdDir, e.slurmdID
+}
+
+// refreshSlurmdLocked keeps the scope program and a root-only allow-all
+// entry on slurmd's own cgroup when it is outside the scope (found, by
+// jobcgroup's rule; "" = at the path last found, where systemd makes it
+// again at a restart). The entry goes in before the link, so root
+// slurmd's NVML never meets a missing one; the cgroup is an exempt cgroup
+// named by its path below the mount, which names it in the audit of a
+// denial there. A new cgroup at a known path is audited as a re-attach.
+// Per-cgroup mode does nothing here (see docs/security.md). e.mu is held.
+func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
+	if e.filter == nil || e.filter.Mode() != devfilter.ModeScope {
+		return
+	}
+	if ferr != nil {
+		e.noteSlurmdLocked("slurmd's cgroup outside the scope cannot be told; the device filter stays where it is", ferr, e.slurmdDir)
+	}
+	dir := found
+	if dir == "" {
+		dir = e.slurmdDir
+	}
+	if dir == "" {
+		return
+	}
+	id, err := jobcgroup.ID(dir)
+	if err != nil {
+		// Gone: systemd makes it again when slurmd starts.
+		return
+	}
+	name := dir
+	if rel, err := filepath.Rel(e.o.Mount, dir); err == nil {
+		name = rel
+	}
+	linked, lerr := e.filter.SlurmdCgroupID()
+	have := e.o.Registry.Exempts()
+	if lerr == nil && linked == id && have[name].ID == id && dir == e.slurmdDir {
+		return
+	}
+	cg := devfilter.Cgroup{ID: id, Path: dir}
+	if have[name].ID != id {
+		if err := e.filter.Set(cg, devfilter.Policy{AllowAll: true, RootOnly: true}); err != nil {
+			e.noteSlurmdLocked("the entry of slurmd's cgroup could not be written; the device filter is not put there", err, dir)
+			return
+		}
+		e.o.Registry.SetExempt(name, cg)
+	}
+	// What the last cgroup held: a removed cgroup's entry, a moved slurmd.
+	for _, old := range []devfilter.Cgroup{have[name], have[e.slurmdName]} {
+		if old.ID != 0 && old.ID != id {
+			if err := e.filter.Remove(old); err != nil {
+				e.o.Log.Error("remove the entry of slurmd's old cgroup", "cgroup", old.Path, "err", err)
+			}
+		}
+	}
+	if e.slurmdName != "" && e.slurmdName != name {
+		e.o.Registry.SetExempt(e.slurmdName, devfilter.Cgroup{})
+	}
+	if lerr != nil || linked != id {
+		start := time.Now()
+		if err := e.filter.AttachSlurmd(dir, id); err != nil {
+			e.noteSlurmdLocked("the device filter could not be attached to slurmd's cgroup; a process there that runs as a user (sbcast's) is not narrowed", err, dir)
+			return
+		}
+		took := time.Since(start)
+		if e.slurmdID == 0 {
+			e.o.Log.Info("device filter attached to slurmd's cgroup outside the scope: every device there is for root only", "cgroup", dir, "cgroup_id", id)
+		} else {
+			why := fmt.Sprintf("slurmd's cgroup %s is cgroup %d; the device filter's link there was on cgroup %d (link reports %d)", dir, id, e.slurmdID, linked)
+			e.o.Log.Warn("device filter re-attached to slurmd's recreated cgroup", "cgroup", dir, "cgroup_id", id, "old_cgroup_id", e.slurmdID, "took", took)
+			e.lifecycle(audit.EventFilterReattached, audit.SeverityWarning,
+				fmt.Sprintf("slurmd's cgroup was made again (%s); the GPU device filter was re-attached to it in %v", why, took.Round(time.Microsecond)), func(r *audit.Record) {
+					r.Cgroup, r.CgroupID, r.Reason = dir, id, why
+				})
+		}
+	}
+	if dir != e.slurmdDir && e.o.WatchSlurmd != nil {
+		e.o.WatchSlurmd(dir)
+	}
+	e.slurmdDir, e.slurmdName, e.slurmdID = dir, name, id
+	if ferr == nil {
+		// Over; a pid file that still says nothing stays noted once.
+		e.noteSlurmdLocked("", nil, dir)
+	}
+}
+
+// noteSlurmdLocked logs and audits a problem with slurmd's cgroup once
+// while it lasts ("" = it is over). e.mu is held.
+func (e *Enforcer) noteSlurmdLocked(msg string, err error, dir string) {
+	problem := msg
+	if err != nil {
+		problem += ": " + err.Error()
+	}
+	if problem == e.slurmdProblem {
+		return
+	}
+	e.slurmdProblem = problem
+	if msg == "" {
+		return
+	}
+	e.o.Log.Error(msg, "cgroup", dir, "err", err)
+	e.lifecycle(audit.EventFilterAttachFailed, audit.SeverityError, msg, func(r *audit.Record) {
+		r.Cgroup, r.Error = dir, err.Error()
+	})
 }

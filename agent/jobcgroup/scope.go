@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -472,4 +473,51 @@ func rootProc(pid int) bool {
 		}
 	}
 	return false
+}
+
+// Slurmd is slurmd's own cgroup when it is outside the scope, as systemd
+// runs it (slurmd.service): the cgroup of the slurmd whose pid is in
+// pidFile (this node's SlurmdPidFile, which only root writes), when that
+// pid is one of f.Procs' root slurmd processes (the same exe rule as the
+// scope's proof). Any root slurmd would not do: on one machine there may
+// be other Slurms' (test clusters, a second slurmd) whose cgroups are not
+// this node's to narrow. "" when slurmd runs inside the scope (the scope's
+// program covers it), when none runs (no pid file, a stale one), or when
+// its cgroup is the mount's root or an ancestor of the scope (the program
+// there would judge every other service), in a user's subtree, or inside
+// a cgroup named like a scope.
+func (f Found) Slurmd(mount, pidFile string) (string, error) {
+	if f.Scope == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(pidFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("slurmd's pid file: %w", err)
+	}
+	if strings.TrimSpace(string(b)) == "" {
+		// Made, not yet written: slurmd is starting.
+		return "", nil
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return "", fmt.Errorf("slurmd's pid file %s: %q is not a pid", pidFile, strings.TrimSpace(string(b)))
+	}
+	for _, p := range f.Procs {
+		if p.PID != pid || p.Kind != "slurmd" {
+			continue
+		}
+		if within(p.Cgroup, f.Scope) || within(f.Scope, p.Cgroup) {
+			return "", nil
+		}
+		rel, err := filepath.Rel(mount, p.Cgroup)
+		if err != nil || rel == "." || strings.HasPrefix(rel, "../") || userSubtree(rel) != "" ||
+			slices.ContainsFunc(strings.Split(rel, "/"), IsScopeName) {
+			return "", nil
+		}
+		return p.Cgroup, nil
+	}
+	return "", nil
 }

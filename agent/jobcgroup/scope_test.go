@@ -356,3 +356,44 @@ func TestPrivilegedSlurmProcs(t *testing.T) {
 		}
 	}
 }
+
+func TestFoundSlurmd(t *testing.T) {
+	const m = "/sys/fs/cgroup"
+	scope := m + "/system.slice/n1_slurmstepd.scope"
+	svc := m + "/system.slice/slurmd.service"
+	d := func(pid int, cg string) Proc { return Proc{PID: pid, Kind: "slurmd", Cgroup: cg} }
+	for _, tc := range []struct {
+		name    string
+		scope   string
+		pidFile string // "-": none
+		procs   []Proc
+		want    string
+		wantErr bool
+	}{
+		{"systemd's slurmd.service", scope, "10\n", []Proc{d(10, svc), d(11, svc), {PID: 12, Kind: "slurmstepd", Cgroup: scope + "/system"}}, svc, false},
+		{"another Slurm's slurmd, not the pid file's", scope, "10\n", []Proc{d(10, svc), d(20, m+"/gpufence-test/system.slice/slurmd.service")}, svc, false},
+		{"the pid file names no slurmd (stale)", scope, "30\n", []Proc{d(10, svc), {PID: 30, Kind: "slurmstepd", Cgroup: svc}}, "", false},
+		{"no pid file: slurmd not running", scope, "-", []Proc{d(10, svc)}, "", false},
+		{"slurmd inside the scope", scope, "10", []Proc{d(10, scope+"/slurmd")}, "", false},
+		{"no scope yet", "", "10", []Proc{d(10, svc)}, "", false},
+		{"the mount's root", scope, "10", []Proc{d(10, m)}, "", false},
+		{"an ancestor of the scope", scope, "10", []Proc{d(10, m+"/system.slice")}, "", false},
+		{"root's login session", scope, "10", []Proc{d(10, m+"/user.slice/user-0.slice/session-3.scope")}, "", false},
+		{"inside a cgroup named like a scope", scope, "10", []Proc{d(10, m+"/gpufence-test/x_slurmstepd.scope/slurmd")}, "", false},
+		{"outside the mount", scope, "10", []Proc{d(10, "/elsewhere")}, "", false},
+		{"a pid file that is no pid", scope, "slurmd\n", []Proc{d(10, svc)}, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pf := filepath.Join(t.TempDir(), "slurmd.pid")
+			if tc.pidFile != "-" {
+				if err := os.WriteFile(pf, []byte(tc.pidFile), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := Found{Scope: tc.scope, Procs: tc.procs}.Slurmd(m, pf)
+			if got != tc.want || (err != nil) != tc.wantErr {
+				t.Errorf("Slurmd() = %q, %v; want %q, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}

@@ -111,8 +111,9 @@ func (r *Reconciler) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var gone <-chan uint64
+	var made <-chan string
 	if r.Watcher != nil {
-		gone = r.Watcher.Gone()
+		gone, made = r.Watcher.Gone(), r.Watcher.Made()
 	}
 	for {
 		select {
@@ -127,6 +128,15 @@ func (r *Reconciler) Run(ctx context.Context, interval time.Duration) {
 			}
 			r.Handler.StepGone(id, "step cgroup removed")
 			r.Enforcer.ForgetEnded()
+		case _, ok := <-made:
+			if !ok {
+				made = nil
+				continue
+			}
+			// slurmd's cgroup made again or its pid file written (a
+			// slurmd restart): the filter goes on it now, not at the next
+			// pass.
+			r.Enforcer.RefreshSlurmd()
 		}
 	}
 }

@@ -183,6 +183,27 @@ type Settings struct {
 	// CgroupSlice is cgroup.conf's (Slurm 25.11): the slice slurmd makes
 	// its scope in; "" = system.slice.
 	CgroupSlice string
+	// SlurmdPidFile is slurm.conf's, as written ("" = Slurm's default);
+	// SlurmdPid resolves it.
+	SlurmdPidFile string
+}
+
+// DefaultSlurmdPidFile is Slurm's SlurmdPidFile when slurm.conf sets none.
+const DefaultSlurmdPidFile = "/var/run/slurmd.pid"
+
+// SlurmdPid is the file slurmd of node writes its pid to: SlurmdPidFile
+// with %n (the node name) and %h (the host name) replaced, as slurmd does
+// for multiple-slurmd nodes, or Slurm's default.
+func (s Settings) SlurmdPid(node string) string {
+	p := s.SlurmdPidFile
+	if p == "" {
+		return DefaultSlurmdPidFile
+	}
+	host, _ := os.Hostname()
+	if i := strings.IndexByte(host, '.'); i > 0 {
+		host = host[:i]
+	}
+	return strings.NewReplacer("%n", node, "%h", host).Replace(p)
 }
 
 // LocalGPUIndices reports whether Slurm itself numbers CUDA_VISIBLE_DEVICES
@@ -237,6 +258,9 @@ func readSettings(fsys fileSystem, path string) (Settings, error) {
 		}
 		if v, ok := l.Get("SwitchParameters"); ok {
 			s.SwitchParameters = v
+		}
+		if v, ok := l.Get("SlurmdPidFile"); ok {
+			s.SlurmdPidFile = v
 		}
 	}
 	cg := filepath.Join(filepath.Dir(path), "cgroup.conf")

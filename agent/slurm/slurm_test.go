@@ -333,3 +333,23 @@ func TestIMEXSettings(t *testing.T) {
 		}
 	}
 }
+
+func TestSlurmdPid(t *testing.T) {
+	for _, tc := range []struct{ file, want string }{
+		{"", DefaultSlurmdPidFile},
+		{"/run/slurmd.pid", "/run/slurmd.pid"},
+		{"/run/slurmd-%n.pid", "/run/slurmd-gpu-7.pid"},
+	} {
+		if got := (Settings{SlurmdPidFile: tc.file}).SlurmdPid("gpu-7"); got != tc.want {
+			t.Errorf("SlurmdPid with SlurmdPidFile=%q = %q, want %q", tc.file, got, tc.want)
+		}
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "slurm.conf"), []byte("SlurmdPidFile=/run/slurm/d.pid\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := ReadSettings(filepath.Join(dir, "slurm.conf"))
+	if err != nil || s.SlurmdPidFile != "/run/slurm/d.pid" {
+		t.Errorf("readSettings: SlurmdPidFile %q, %v", s.SlurmdPidFile, err)
+	}
+}

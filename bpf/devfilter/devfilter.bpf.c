@@ -16,9 +16,11 @@
 //
 // devfilter_scope (needs bpf_get_current_ancestor_cgroup_id for this program
 // type, which Linux 6.1 offers): attached once, with BPF_F_ALLOW_MULTI, on the
-// slurmstepd scope cgroup. The policy of a task is looked up in the
-// `policies` hash by the id of its ancestor at scope level + 2 (the step),
-// then at scope level + 1 (the job, or `system`/`slurmd`). No entry: no GPU.
+// slurmstepd scope cgroup, and beside it on slurmd's own cgroup when that
+// is outside the scope (systemd's slurmd.service). The policy of a task is
+// looked up in the `policies` hash by the id of its ancestor at scope level
+// + 2 (the step), then at scope level + 1 (the job, or `system`/`slurmd`),
+// then by its own cgroup's id (slurmd.service). No entry: no GPU.
 //
 // devfilter_cgroup (fallback, Linux >= 5.12: ring buffer, and atomic
 // fetch-and-add for the rate limit, built with -mcpu=v3): attached with
@@ -558,7 +560,7 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 {
 	const struct filter_config *cfg = get_config();
 	const struct policy *p = 0;
-	__u64 id, id1, id2;
+	__u64 id, id1, id2, own;
 	int class;
 
 	// Unreachable (an array lookup of key 0 never fails); never narrow
@@ -579,6 +581,19 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 		p = bpf_map_lookup_elem(&policies, &id1);
 		if (p || !id2)
 			id = id1;
+	}
+	// Neither ancestor has an entry: the task's own cgroup decides. This
+	// is what the agent writes for slurmd's cgroup outside the scope
+	// (systemd's slurmd.service), where it attaches this program too and
+	// where the ancestors at scope level + 1 and + 2 are 0 (the task is not
+	// that deep) or cgroups that are not Slurm's. Within the scope it finds
+	// nothing the lookups above missed: entries are keyed by job and step
+	// cgroups, which those lookups already tried.
+	if (!p) {
+		own = bpf_get_current_cgroup_id();
+		p = bpf_map_lookup_elem(&policies, &own);
+		if (p)
+			id = own;
 	}
 	return verdict(decide(ctx, cfg, p, id, class));
 }

@@ -32,7 +32,7 @@ import (
 // is bpf_get_current_ancestor_cgroup_id and cgroup storage.
 var (
 	taskHelpers  = []asm.BuiltinFunc{asm.FnGetCurrentTask, asm.FnProbeReadKernel, asm.FnProbeReadKernelStr}
-	scopeHelpers = append([]asm.BuiltinFunc{asm.FnGetCurrentAncestorCgroupId}, taskHelpers...)
+	scopeHelpers = append([]asm.BuiltinFunc{asm.FnGetCurrentAncestorCgroupId, asm.FnGetCurrentCgroupId}, taskHelpers...)
 
 	perCgroupHelpers = append([]asm.BuiltinFunc{asm.FnGetLocalStorage}, taskHelpers...)
 )
@@ -120,8 +120,10 @@ type Filter struct {
 	closed bool
 	// cfg is what the config map holds.
 	cfg devfilterFilterConfig
-	// scopeLink is the single attachment of ModeScope.
-	scopeLink link.Link
+	// scopeLink is the scope's attachment of ModeScope; slurmdLink the one
+	// on slurmd's own cgroup outside the scope, nil when there is none.
+	scopeLink  link.Link
+	slurmdLink link.Link
 	// attached are the attachments of ModePerCgroup, by cgroup id.
 	attached map[uint64]link.Link
 }
@@ -277,6 +279,11 @@ func New(opts Options) (_ *Filter, err error) {
 		}
 	case prev != nil:
 		if err := f.adoptCgroupLinks(prev, reused["storage"] != nil); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Mode == ModeScope && prev != nil {
+		if err := f.adoptSlurmdLink(prev); err != nil {
 			return nil, err
 		}
 	}
@@ -710,6 +717,11 @@ func (f *Filter) Close() error {
 	if f.scopeLink != nil {
 		if err := f.scopeLink.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("detach device filter from scope: %w", err))
+		}
+	}
+	if f.slurmdLink != nil {
+		if err := f.slurmdLink.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("detach device filter from slurmd's cgroup: %w", err))
 		}
 	}
 	ids := make([]uint64, 0, len(f.attached))

@@ -34,6 +34,9 @@ type PinnedView struct {
 	Config *PinnedConfig
 	// Link is the scope link (ModeScope); nil when absent or unreadable.
 	Link *PinnedLink
+	// SlurmdLink is the link on slurmd's cgroup outside the scope
+	// (ModeScope, link_slurmd); nil when absent or unreadable.
+	SlurmdLink *PinnedLink
 	// Entries are the kernel's policies by cgroup id: the policies map
 	// (ModeScope) or the cgroup_<id> pins with their storage (ModePerCgroup).
 	Entries map[uint64]PinnedEntry
@@ -191,6 +194,13 @@ func InspectPins(dir string) (*PinnedView, error) {
 				fail("%v", err)
 			}
 			v.Link = l
+		}
+		if slices.Contains(names, pinSlurmdLink) {
+			l, err := readLink(dir, pinSlurmdLink)
+			if err != nil {
+				fail("%v", err)
+			}
+			v.SlurmdLink = l
 		}
 		if m := open("policies"); m != nil {
 			var id uint64

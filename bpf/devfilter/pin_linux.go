@@ -25,6 +25,8 @@ import (
 //	state          ARRAY[1] of pinState: layout version, mode, scope cgroup id
 //	map_<name>     each map of the program (config, policies|storage, ...)
 //	link           the scope link (ModeScope)
+//	link_slurmd    the link on slurmd's own cgroup outside the scope
+//	               (systemd's slurmd.service; ModeScope)
 //	cgroup_<id>    the link on cgroup <id> (ModePerCgroup)
 //
 // A pin is replaced by pinning the new object as <name>_new and renaming it
@@ -38,6 +40,7 @@ import (
 const (
 	pinStateName   = "state"
 	pinLinkName    = "link"
+	pinSlurmdLink  = "link_slurmd"
 	pinMapPrefix   = "map_"
 	pinCgroupPref  = "cgroup_"
 	pinTempSuffix  = "_new" // bpffs refuses names with a dot
@@ -118,8 +121,10 @@ type pinned struct {
 	dir   string
 	state *ebpf.Map
 	maps  map[string]*ebpf.Map
-	// link is the scope link, or nil.
-	link link.Link
+	// link is the scope link, or nil; slurmd the link on slurmd's cgroup
+	// outside the scope, or nil.
+	link   link.Link
+	slurmd link.Link
 	// cgroups are the per-cgroup links, by the id in their pin name.
 	cgroups map[uint64]link.Link
 }
@@ -166,6 +171,12 @@ func openPinned(dir string, mode Mode, scopeID uint64, log *slog.Logger) (_ *pin
 				return nil, fmt.Errorf("open pinned device filter link: %w", err)
 			}
 			p.link = l
+		case n == pinSlurmdLink && mode == ModeScope:
+			l, err := link.LoadPinnedLink(filepath.Join(dir, n), nil)
+			if err != nil {
+				return nil, fmt.Errorf("open pinned device filter link %s: %w", n, err)
+			}
+			p.slurmd = l
 		case strings.HasPrefix(n, pinCgroupPref) && mode == ModePerCgroup:
 			id, err := strconv.ParseUint(strings.TrimPrefix(n, pinCgroupPref), 10, 64)
 			if err != nil {
@@ -203,6 +214,9 @@ func (p *pinned) close() {
 	}
 	if p.link != nil {
 		p.link.Close()
+	}
+	if p.slurmd != nil {
+		p.slurmd.Close()
 	}
 	for _, l := range p.cgroups {
 		l.Close()
@@ -257,7 +271,7 @@ func pinNames(dir string) ([]string, error) {
 	var out []string
 	for _, e := range ents {
 		n := strings.TrimSuffix(e.Name(), pinTempSuffix)
-		if n == pinStateName || n == pinLinkName || strings.HasPrefix(n, pinMapPrefix) || strings.HasPrefix(n, pinCgroupPref) {
+		if n == pinStateName || n == pinLinkName || n == pinSlurmdLink || strings.HasPrefix(n, pinMapPrefix) || strings.HasPrefix(n, pinCgroupPref) {
 			out = append(out, e.Name())
 		}
 	}
@@ -266,7 +280,7 @@ func pinNames(dir string) ([]string, error) {
 
 func isLinkPin(name string) bool {
 	name = strings.TrimSuffix(name, pinTempSuffix)
-	return name == pinLinkName || strings.HasPrefix(name, pinCgroupPref)
+	return name == pinLinkName || name == pinSlurmdLink || strings.HasPrefix(name, pinCgroupPref)
 }
 
 // removePins detaches the links among names and removes the pins.

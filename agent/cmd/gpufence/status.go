@@ -112,6 +112,12 @@ type statusInput struct {
 	SlurmScopeID  uint64
 	ScopeErr      string
 	IgnoredScopes []jobcgroup.Candidate
+	// Slurmd is slurmd's cgroup outside the scope (Found.Slurmd), "" when
+	// slurmd runs inside it or not at all; SlurmdID its id; SlurmdErr why
+	// it cannot be told.
+	Slurmd    string
+	SlurmdID  uint64
+	SlurmdErr string
 	// Exempt names the exempt cgroups of the scope by their current id.
 	Exempt      map[uint64]string
 	StateFile   string
@@ -187,6 +193,11 @@ type filterReport struct {
 	NvidiaMajor uint32 `json:"nvidia_major,omitempty"`
 	// Link is the scope link (scope mode).
 	Link *linkReport `json:"link,omitempty"`
+	// SlurmdCgroup is slurmd's cgroup outside the scope (systemd's
+	// slurmd.service), where the agent puts the program too; SlurmdLink
+	// the link pinned there.
+	SlurmdCgroup string      `json:"slurmd_cgroup,omitempty"`
+	SlurmdLink   *linkReport `json:"slurmd_link,omitempty"`
 	// PolicyEntries is the number of kernel policy entries: the policies
 	// map (scope mode) or the cgroup_<id> link pins (per-cgroup mode).
 	PolicyEntries int `json:"policy_entries"`
@@ -296,7 +307,7 @@ func buildStatus(in statusInput) statusReport {
 	}
 
 	// The kernel view.
-	f := filterReport{PinDir: in.PinDir, Scope: in.Scope, SlurmScope: in.SlurmScope, IgnoredScopes: in.IgnoredScopes}
+	f := filterReport{PinDir: in.PinDir, Scope: in.Scope, SlurmScope: in.SlurmScope, IgnoredScopes: in.IgnoredScopes, SlurmdCgroup: in.Slurmd}
 	if in.ScopeErr != "" {
 		problem("scope: %s: the agent attaches the filter to no new scope and moves it nowhere", in.ScopeErr)
 	}
@@ -321,6 +332,9 @@ func buildStatus(in statusInput) statusReport {
 		if l := kv.Link; l != nil {
 			f.Link = &linkReport{ID: l.ID, ProgramID: l.ProgramID, ProgramName: l.ProgramName, CgroupID: l.CgroupID}
 		}
+		if l := kv.SlurmdLink; l != nil {
+			f.SlurmdLink = &linkReport{ID: l.ID, ProgramID: l.ProgramID, ProgramName: l.ProgramName, CgroupID: l.CgroupID}
+		}
 		f.PolicyEntries = len(kv.Entries)
 		f.Lost, f.RateFull, f.RateEntries = kv.Lost, kv.RateFull, kv.RateEntries
 		f.Errors = kv.Errors
@@ -337,6 +351,15 @@ func buildStatus(in statusInput) statusReport {
 				problem("filter: the scope link %d is on cgroup %d, the pinned state says the scope is %d", kv.Link.ID, kv.Link.CgroupID, kv.ScopeID)
 			case in.SlurmScopeID != 0 && kv.ScopeID != in.SlurmScopeID:
 				problem("filter: the filter is on cgroup %d, but Slurm's scope %s is cgroup %d", kv.ScopeID, in.SlurmScope, in.SlurmScopeID)
+			}
+			switch {
+			case in.SlurmdErr != "":
+				problem("filter: %s", in.SlurmdErr)
+			case in.Slurmd == "":
+			case kv.SlurmdLink == nil:
+				problem("filter: slurmd runs in %s, outside the scope, and no link is pinned there: a process there that runs as a user (sbcast's child) opens any GPU", in.Slurmd)
+			case kv.SlurmdLink.CgroupID != in.SlurmdID:
+				problem("filter: the link on slurmd's cgroup is on cgroup %d, but %s is cgroup %d (made again: the agent re-attaches when it sees it)", kv.SlurmdLink.CgroupID, in.Slurmd, in.SlurmdID)
 			}
 		}
 	}
@@ -549,6 +572,14 @@ func writeStatus(w io.Writer, r statusReport) {
 		} else if f.Mode == string(devfilter.ModeScope) {
 			pf("  link\tnone\n")
 		}
+		if f.SlurmdCgroup != "" {
+			pf("  slurmd cgroup\t%s (outside the scope)\n", f.SlurmdCgroup)
+		}
+		if l := f.SlurmdLink; l != nil {
+			pf("  slurmd link\tid %d, prog %d %s, cgroup %d\n", l.ID, l.ProgramID, l.ProgramName, l.CgroupID)
+		} else if f.SlurmdCgroup != "" {
+			pf("  slurmd link\tnone\n")
+		}
 		pf("  entries\t%d\n", f.PolicyEntries)
 		pf("  counters\tlost %d, rate_full %d, rate entries %d\n", f.Lost, f.RateFull, f.RateEntries)
 	}
@@ -745,9 +776,8 @@ func gatherStatus(cfg config.Config) statusInput {
 	var candidates []string
 	if mnt, err := jobcgroup.Mountpoint(); err == nil {
 		w := jobcgroup.Where{Mount: mnt, Configured: cfg.Scope, Node: cfg.NodeName}
-		if st, err := slurm.ReadSettings(cfg.SlurmConf); err == nil {
-			w.Slice = st.CgroupSlice
-		}
+		st, _ := slurm.ReadSettings(cfg.SlurmConf)
+		w.Slice = st.CgroupSlice
 		found := jobcgroup.Find(w)
 		if found.Err != nil {
 			in.ScopeErr = found.Err.Error()
@@ -755,6 +785,19 @@ func gatherStatus(cfg config.Config) statusInput {
 		in.SlurmScope, in.IgnoredScopes = found.Scope, found.Ignored()
 		if found.Scope != "" {
 			in.SlurmScopeID, _ = jobcgroup.ID(found.Scope)
+		}
+		sd, err := found.Slurmd(mnt, st.SlurmdPid(cfg.NodeName))
+		if err != nil {
+			in.SlurmdErr = err.Error()
+		}
+		if sd != "" {
+			if id, err := jobcgroup.ID(sd); err == nil {
+				in.Slurmd, in.SlurmdID = sd, id
+				// Its entry is the agent's, for root only: an exempt one.
+				if rel, err := filepath.Rel(mnt, sd); err == nil {
+					in.Exempt[id] = rel
+				}
+			}
 		}
 	}
 	// The scope shown: the one the pinned state names, else the state

@@ -523,3 +523,50 @@ func TestStatusScope(t *testing.T) {
 		t.Errorf("ambiguous scope: ok=%v problems %q", r.OK, r.Problems)
 	}
 }
+
+// TestStatusSlurmdLink: slurmd outside the scope (systemd's
+// slurmd.service) needs the program there too; status shows the link and
+// names a missing one, one left on the removed cgroup, and a pid file
+// that does not say which slurmd is this node's.
+func TestStatusSlurmdLink(t *testing.T) {
+	const svc = "/sys/fs/cgroup/system.slice/slurmd.service"
+	in := consistentInput(t)
+	in.Slurmd, in.SlurmdID = svc, 70
+	in.Kernel.Entries[70] = devfilter.PinnedEntry{CgroupID: 70, Policy: devfilter.Policy{AllowAll: true, RootOnly: true}}
+	in.CgroupAlive[70] = true
+	in.Exempt[70] = "system.slice/slurmd.service"
+	in.Kernel.SlurmdLink = &devfilter.PinnedLink{Pin: "link_slurmd", ID: 18, ProgramID: 88, ProgramName: "devfilter_scope", CgroupID: 70}
+	r := buildStatus(in)
+	if !r.OK || r.Filter.SlurmdCgroup != svc || r.Filter.SlurmdLink == nil || r.Filter.SlurmdLink.CgroupID != 70 {
+		t.Errorf("slurmd link in place: ok=%v problems %q, filter %+v", r.OK, r.Problems, r.Filter)
+	}
+	var out bytes.Buffer
+	writeStatus(&out, r)
+	for _, want := range []string{"slurmd cgroup  " + svc + " (outside the scope)", "slurmd link    id 18, prog 88 devfilter_scope, cgroup 70"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*statusInput)
+		want string
+	}{
+		{"no link", func(in *statusInput) { in.Kernel.SlurmdLink = nil }, "filter: slurmd runs in " + svc + ", outside the scope, and no link is pinned there"},
+		{"made again", func(in *statusInput) { in.Kernel.SlurmdLink.CgroupID = 0 }, "filter: the link on slurmd's cgroup is on cgroup 0, but " + svc + " is cgroup 70"},
+		{"a pid file that is no pid", func(in *statusInput) { in.SlurmdErr = `slurmd's pid file /run/slurmd.pid: "x" is not a pid` }, "filter: slurmd's pid file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := in
+			link := *in.Kernel.SlurmdLink
+			kv := *in.Kernel
+			kv.SlurmdLink = &link
+			c.Kernel = &kv
+			tc.edit(&c)
+			r := buildStatus(c)
+			if r.OK || len(r.Problems) != 1 || !strings.HasPrefix(r.Problems[0], tc.want) {
+				t.Errorf("ok=%v problems %q, want one starting %q", r.OK, r.Problems, tc.want)
+			}
+		})
+	}
+}
