@@ -15,16 +15,8 @@
 set -u
 fail=0
 uname -r; echo "PID1: $(cat /proc/1/comm)"; sysctl kernel.unprivileged_userns_clone user.max_user_namespaces 2>/dev/null
-install -d /usr/lib/gpufence /usr/sbin
-install -m 0755 /host/gpufence /usr/sbin/gpufence
-install -m 0755 /host/spank_gpufence.so /host/spank_gpufence_go.so /host/gf-open /usr/lib/gpufence/
 . /host/fake-node.sh
-fake_gpu_node PlugStackConfig=/etc/slurm/plugstack.conf
-echo 'required /usr/lib/gpufence/spank_gpufence.so' > /etc/slurm/plugstack.conf
-install -m 0644 /host/gpufence.service /host/gpufence.socket /etc/systemd/system/
-systemctl daemon-reload
-systemctl start gpufence.socket gpufence munge slurmctld slurmd; sleep 2
-systemctl is-active gpufence.socket gpufence munge slurmctld slurmd
+shipped_gpufence_node
 pid=$(systemctl show -p MainPID --value gpufence)
 echo "agent mount namespace $(readlink /proc/$pid/ns/mnt), node's (PID 1) $(readlink /proc/1/ns/mnt)"
 [ "$(readlink /proc/$pid/ns/mnt)" != "$(readlink /proc/1/ns/mnt)" ] || { echo "FAIL: the shipped unit did not give the agent a mount namespace of its own"; fail=1; }

@@ -17,16 +17,8 @@
 set -u
 fail=0
 uname -r; echo "PID1: $(cat /proc/1/comm)"
-install -d /usr/lib/gpufence /usr/sbin
-install -m 0755 /host/gpufence /usr/sbin/gpufence
-install -m 0755 /host/spank_gpufence.so /host/spank_gpufence_go.so /host/gf-open /usr/lib/gpufence/
 . /host/fake-node.sh
-fake_gpu_node PlugStackConfig=/etc/slurm/plugstack.conf
-echo 'required /usr/lib/gpufence/spank_gpufence.so' > /etc/slurm/plugstack.conf
-install -m 0644 /host/gpufence.service /host/gpufence.socket /etc/systemd/system/
-systemctl daemon-reload
-systemctl start gpufence.socket gpufence munge slurmctld slurmd; sleep 2
-systemctl is-active gpufence.socket gpufence munge slurmctld slurmd
+shipped_gpufence_node
 for i in $(seq 60); do [ "$(sinfo -h -o %t 2>/dev/null)" = idle ] && break; sleep 1; done
 AUDIT=/var/log/gpufence/audit.jsonl
 # slurmd_cgroup: slurmd's cgroup directory, as the kernel says.

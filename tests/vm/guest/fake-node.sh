@@ -42,3 +42,18 @@ EOC
 	printf 'CgroupPlugin=cgroup/v2\nConstrainDevices=no\n' > /etc/slurm/cgroup.conf
 	mkdir -p /var/log/slurm && chown slurm:slurm /var/log/slurm
 }
+
+# shipped_gpufence_node: the fake node with gpufence installed from /host
+# as a node image has it (the agent under the shipped units, the plugin in
+# plugstack.conf), and gpufence, munge, slurmctld and slurmd started.
+shipped_gpufence_node() {
+	install -d /usr/lib/gpufence /usr/sbin
+	install -m 0755 /host/gpufence /usr/sbin/gpufence
+	install -m 0755 /host/spank_gpufence.so /host/spank_gpufence_go.so /host/gf-open /usr/lib/gpufence/
+	fake_gpu_node PlugStackConfig=/etc/slurm/plugstack.conf
+	echo 'required /usr/lib/gpufence/spank_gpufence.so' > /etc/slurm/plugstack.conf
+	install -m 0644 /host/gpufence.service /host/gpufence.socket /etc/systemd/system/
+	systemctl daemon-reload
+	systemctl start gpufence.socket gpufence munge slurmctld slurmd; sleep 2
+	systemctl is-active gpufence.socket gpufence munge slurmctld slurmd
+}
