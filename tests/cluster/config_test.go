@@ -309,3 +309,34 @@ func TestRenderPerRelease(t *testing.T) {
 		t.Errorf("fake driver gres.conf: %q", g)
 	}
 }
+
+func TestRenderSharedLayout(t *testing.T) {
+	for _, tc := range []struct {
+		kind      string
+		slurm     []string
+		gres      string
+		noPrologs bool
+	}{
+		{kind: "", slurm: []string{"GresTypes=gpu\n", "Gres=gpu:4 State", "OverSubscribe=NO\n"},
+			gres: "Name=gpu File=/var/tmp/r/dev/nvidia[0-3]\n", noPrologs: true},
+		{kind: "shard", slurm: []string{"GresTypes=gpu,shard\n", "Gres=gpu:4,shard:40 State", "OverSubscribe=FORCE:24\n", "Prolog=/var/tmp/r/etc/prolog-env.sh\n"},
+			gres: "Name=gpu File=/var/tmp/r/dev/nvidia[0-3]\nName=shard Count=10 File=/var/tmp/r/dev/nvidia0\nName=shard Count=10 File=/var/tmp/r/dev/nvidia1\nName=shard Count=10 File=/var/tmp/r/dev/nvidia2\nName=shard Count=10 File=/var/tmp/r/dev/nvidia3\n"},
+		{kind: "mps", slurm: []string{"GresTypes=gpu,mps\n", "Gres=gpu:4,mps:400 State", "OverSubscribe=FORCE:24\n"},
+			gres: "Name=gpu File=/var/tmp/r/dev/nvidia[0-3]\nName=mps Count=100 File=/var/tmp/r/dev/nvidia0\nName=mps Count=100 File=/var/tmp/r/dev/nvidia1\nName=mps Count=100 File=/var/tmp/r/dev/nvidia2\nName=mps Count=100 File=/var/tmp/r/dev/nvidia3\n"},
+	} {
+		p := testParams()
+		p.Shared = tc.kind
+		conf := renderSlurmConf(p)
+		for _, want := range tc.slurm {
+			if !strings.Contains(conf, want) {
+				t.Errorf("%q: slurm.conf lacks %q:\n%s", tc.kind, want, conf)
+			}
+		}
+		if tc.noPrologs && strings.Contains(conf, "Prolog=") {
+			t.Errorf("%q: slurm.conf has a Prolog= line:\n%s", tc.kind, conf)
+		}
+		if got := renderGresConf(p); got != tc.gres {
+			t.Errorf("%q: gres.conf\n%s\nwant\n%s", tc.kind, got, tc.gres)
+		}
+	}
+}
