@@ -344,6 +344,20 @@ func TestPrivilegedSharedGPUs(t *testing.T) {
 				jobs := st.runShared(t, kind+"-forged", env, []string{half}, false)
 				t.Logf("one %s job with forged variables:\n%s", half, st.checkShared(t, jobs))
 			})
+			t.Run("gpu and share in one job", func(t *testing.T) {
+				// Were both allowed, the gpu and the share plugin would
+				// each write the prolog's SLURM_JOB_GPUS; a held job
+				// shows whether slurmctld takes the request at all.
+				mixed := "gpu:1," + kind + ":1"
+				r := st.c.Run(st.ctx, user, "sbatch", "--parsable", "--hold", "-o", "/dev/null", "--gres="+mixed, "--wrap", "true")
+				if r.Code != 0 {
+					t.Logf("Slurm %s refuses --gres=%s: %s", st.c.SlurmVersion(), mixed, strings.TrimSpace(r.Stderr))
+					return
+				}
+				st.c.Run(st.ctx, "", "scancel", strings.TrimSpace(r.Stdout))
+				jobs := st.runShared(t, kind+"-mixed", nil, []string{mixed}, false)
+				t.Logf("Slurm %s takes --gres=%s:\n%s", st.c.SlurmVersion(), mixed, st.checkShared(t, jobs))
+			})
 			if kind != "shard" {
 				return
 			}
