@@ -704,8 +704,8 @@ func (c *Cluster) SetShared(kind string) error {
 	switch {
 	case kind != "" && kind != "shard" && kind != "mps":
 		return fmt.Errorf("shared gres %q: want shard, mps or empty", kind)
-	case kind != "" && (c.st.MIG || c.st.AutoDetect || c.st.FakeDriver || c.st.PCluster):
-		return fmt.Errorf("the shared layout is written for the plain gres.conf only")
+	case kind != "" && (c.st.MIG || c.st.AutoDetect || c.st.FakeDriver):
+		return fmt.Errorf("the shared layout is written for the plain and ParallelCluster gres.conf only: turn the MIG, AutoDetect and fake-driver layouts off first")
 	}
 	for _, p := range []*Process{c.st.Slurmd, c.st.Slurmctld} {
 		if err := p.Stop(); err != nil {
@@ -720,6 +720,11 @@ func (c *Cluster) SetShared(kind string) error {
 	}
 	if err := os.WriteFile(c.path("etc/gres.conf"), []byte(renderGresConf(p)), 0o644); err != nil {
 		return err
+	}
+	if p.PCluster {
+		if err := os.WriteFile(c.path("etc/"+pclusterGresFile), []byte(renderPClusterGres(p)), 0o644); err != nil {
+			return err
+		}
 	}
 	if err := os.WriteFile(c.path("etc/slurm.conf"), []byte(renderSlurmConf(p)), 0o644); err != nil {
 		return err

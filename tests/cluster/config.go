@@ -217,7 +217,18 @@ const pclusterGresFile = "pcluster/slurm_parallelcluster_gres.conf"
 // renderPClusterGres is ParallelCluster's generated line for the node:
 // NodeName=, Name=gpu, Type=, File=/dev/nvidia[0-N].
 func renderPClusterGres(p confParams) string {
-	return fmt.Sprintf("NodeName=%s Name=gpu Type=%s File=%s/dev/nvidia[0-%d]\n", p.Host, PClusterGPUType, p.Root, p.GPUs-1)
+	gpu := fmt.Sprintf("NodeName=%s Name=gpu Type=%s File=%s/dev/nvidia[0-%d]\n", p.Host, PClusterGPUType, p.Root, p.GPUs-1)
+	if p.Shared == "" {
+		return gpu
+	}
+	// ParallelCluster writes no shares; an administrator adding them
+	// would write them beside its lines, per GPU.
+	var b strings.Builder
+	b.WriteString(gpu)
+	for i := 0; i < p.GPUs; i++ {
+		fmt.Fprintf(&b, "NodeName=%s Name=%s Count=%d File=%s/dev/nvidia%d\n", p.Host, p.Shared, sharedPerGPU(p.Shared), p.Root, i)
+	}
+	return b.String()
 }
 
 // MIGSlice is one MIG slice of the MIG layout: its gres index, the fake GPU

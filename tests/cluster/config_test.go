@@ -340,3 +340,19 @@ func TestRenderSharedLayout(t *testing.T) {
 		}
 	}
 }
+
+func TestRenderSharedPCluster(t *testing.T) {
+	p := testParams()
+	p.PCluster, p.Shared = true, "shard"
+	want := "NodeName=node1 Name=gpu Type=a10g File=/var/tmp/r/dev/nvidia[0-3]\n" +
+		"NodeName=node1 Name=shard Count=10 File=/var/tmp/r/dev/nvidia0\n" +
+		"NodeName=node1 Name=shard Count=10 File=/var/tmp/r/dev/nvidia1\n" +
+		"NodeName=node1 Name=shard Count=10 File=/var/tmp/r/dev/nvidia2\n" +
+		"NodeName=node1 Name=shard Count=10 File=/var/tmp/r/dev/nvidia3\n"
+	if got := renderPClusterGres(p); got != want {
+		t.Errorf("ParallelCluster's gres file\n%s\nwant\n%s", got, want)
+	}
+	if conf := renderSlurmConf(p); !strings.Contains(conf, "Gres=gpu:a10g:4,shard:40 State") {
+		t.Errorf("slurm.conf lacks the typed GPUs and the shards:\n%s", conf)
+	}
+}
