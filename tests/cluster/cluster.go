@@ -114,6 +114,7 @@ type state struct {
 	FakeDriver   bool     `json:"fake_driver,omitempty"` // SetFakeDriver
 	AutoDetect   bool     `json:"autodetect,omitempty"`  // SetAutoDetect
 	IMEXMajor    uint32   `json:"imex_major,omitempty"`  // SetIMEX
+	Shared       string   `json:"shared,omitempty"`      // SetShared
 	// Scope is the scope slurmd made (known once it started); the
 	// candidates are the names it may choose (with and without the node
 	// name, as Slurm is built with or without multiple-slurmd support).
@@ -431,6 +432,7 @@ func (c *Cluster) params() confParams {
 		ClusterName: "gpufence", SlurmUser: "slurm", KillWaitSecs: 5,
 		Release: c.st.Release, Slice: c.st.Slice, JobIDPaths: c.st.JobIDPaths, PCluster: c.st.PCluster,
 		Namespace: c.st.Namespace, FakeDriver: c.st.FakeDriver, AutoDetect: c.st.AutoDetect, IMEXMajor: c.st.IMEXMajor,
+		Shared: c.st.Shared,
 	}
 }
 
@@ -689,6 +691,49 @@ func (c *Cluster) SetIMEX(major uint32) error {
 	}
 	if err := c.startSlurmd(context.Background()); err != nil {
 		return fmt.Errorf("restart slurmd with switch/nvidia_imex %d: %w\n%s", major, err, tail(c.path("logs/slurmd.log"), 20))
+	}
+	return c.saveState()
+}
+
+// SetShared puts gres/shard ("shard") or gres/mps ("mps") next to the
+// node's GPUs, sharedPerGPU(kind) of them per GPU in one gres.conf record per
+// GPU, or takes them away (""), and lets each core take several jobs; then
+// restarts slurmctld and slurmd (slurmd reads gres.conf only at start). No
+// job may run.
+func (c *Cluster) SetShared(kind string) error {
+	switch {
+	case kind != "" && kind != "shard" && kind != "mps":
+		return fmt.Errorf("shared gres %q: want shard, mps or empty", kind)
+	case kind != "" && (c.st.MIG || c.st.AutoDetect || c.st.FakeDriver):
+		return fmt.Errorf("the shared layout is written for the plain and ParallelCluster gres.conf only: turn the MIG, AutoDetect and fake-driver layouts off first")
+	}
+	for _, p := range []*Process{c.st.Slurmd, c.st.Slurmctld} {
+		if err := p.Stop(); err != nil {
+			return fmt.Errorf("stop %s: %w", p.Name, err)
+		}
+	}
+	c.st.Shared = kind
+	p := c.params()
+	script := fmt.Sprintf("#!/bin/sh\nenv > %s/prolog.$SLURM_JOB_ID.env\n", c.path("work"))
+	if err := os.WriteFile(c.path(PrologEnvScript), []byte(script), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(c.path("etc/gres.conf"), []byte(renderGresConf(p)), 0o644); err != nil {
+		return err
+	}
+	if p.PCluster {
+		if err := os.WriteFile(c.path("etc/"+pclusterGresFile), []byte(renderPClusterGres(p)), 0o644); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(c.path("etc/slurm.conf"), []byte(renderSlurmConf(p)), 0o644); err != nil {
+		return err
+	}
+	if err := c.startSlurmctld(); err != nil {
+		return err
+	}
+	if err := c.startSlurmd(context.Background()); err != nil {
+		return fmt.Errorf("restart slurmd with shared gres %q: %w\n%s", kind, err, tail(c.path("logs/slurmd.log"), 20))
 	}
 	return c.saveState()
 }

@@ -35,6 +35,7 @@ type confParams struct {
 	FakeDriver   bool   // gres.conf AutoDetect=nvidia, Flags=env_uuid (SetFakeDriver)
 	AutoDetect   bool   // gres.conf AutoDetect=nvml alone, fake_gpus.conf (SetAutoDetect)
 	IMEXMajor    uint32 // SwitchType=switch/nvidia_imex with this imex_dev_major (SetIMEX); 0: off
+	Shared       string // gres/shard or gres/mps next to gres/gpu (SetShared): "", "shard" or "mps"
 }
 
 // atLeast reports whether the files are for Slurm v (major.minor) or newer.
@@ -106,7 +107,11 @@ func renderSlurmConf(p confParams) string {
 	line("ReturnToService=2")
 	// Short so that cancelling jobs at Stop does not wait the default 30 s.
 	line("KillWait=%d", p.KillWaitSecs)
-	line("GresTypes=gpu")
+	if p.Shared != "" {
+		line("GresTypes=gpu,%s", p.Shared)
+	} else {
+		line("GresTypes=gpu")
+	}
 	gres := fmt.Sprintf("gpu:%d", p.GPUs)
 	if p.FakeDriver {
 		gres = fmt.Sprintf("gpu:%s:%d", fakeType, p.GPUs)
@@ -125,8 +130,19 @@ func renderSlurmConf(p confParams) string {
 		// drops fake_gpus.conf's type.
 		gres = fmt.Sprintf("gpu:%d", p.GPUs)
 	}
+	oversubscribe := "NO"
+	if p.Shared != "" {
+		gres += fmt.Sprintf(",%s:%d", p.Shared, p.GPUs*sharedPerGPU(p.Shared))
+		// The load case runs more shard jobs at once than this machine
+		// has cores: each core goes to up to sharedJobsPerCPU jobs (FORCE
+		// needs no --oversubscribe); GPUs and shards are still counted.
+		oversubscribe = fmt.Sprintf("FORCE:%d", sharedJobsPerCPU)
+		// What slurmd gives the job prolog for a shared GPU, for the
+		// tests to compare with what the SPANK plugin's job_prolog sees.
+		line("Prolog=%s", p.path(PrologEnvScript))
+	}
 	line("NodeName=%s NodeAddr=127.0.0.1 CPUs=%d Gres=%s State=UNKNOWN", p.Host, p.CPUs, gres)
-	line("PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO", p.Host)
+	line("PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=%s", p.Host, oversubscribe)
 	if p.Namespace {
 		// namespace/linux (Slurm 25.11) reads namespace.yaml beside slurm.conf.
 		line("NamespaceType=namespace/linux")
@@ -154,8 +170,41 @@ func renderGresConf(p confParams) string {
 		// node daemon generates.
 		return fmt.Sprintf("# Written by the gpufence test harness as AWS ParallelCluster writes it.\ninclude %s\n", p.path("etc/"+pclusterGresFile))
 	}
-	return fmt.Sprintf("Name=gpu File=%s/dev/nvidia[0-%d]\n", p.Root, p.GPUs-1)
+	gpu := fmt.Sprintf("Name=gpu File=%s/dev/nvidia[0-%d]\n", p.Root, p.GPUs-1)
+	if p.Shared == "" {
+		return gpu
+	}
+	// One record per GPU, as gres.conf(5) asks for shard and mps, so that
+	// each GPU's count is its own and slurmctld's per-GPU detail lists
+	// them in GPU order.
+	var b strings.Builder
+	b.WriteString(gpu)
+	for i := 0; i < p.GPUs; i++ {
+		fmt.Fprintf(&b, "Name=%s Count=%d File=%s/dev/nvidia%d\n", p.Shared, sharedPerGPU(p.Shared), p.Root, i)
+	}
+	return b.String()
 }
+
+// sharedPerGPU is how many gres/shard (10, enough for the load case's 40
+// one-shard jobs on 4 GPUs) or gres/mps (100, a percentage) each GPU has
+// in the shared layouts (SetShared).
+func sharedPerGPU(kind string) int {
+	if kind == "mps" {
+		return 100
+	}
+	return 10
+}
+
+// SharedPerGPU is sharedPerGPU for the tests.
+func SharedPerGPU(kind string) int { return sharedPerGPU(kind) }
+
+// PrologEnvScript is the Prolog= of the shared layouts, relative to Root:
+// it writes the prolog's environment to work/prolog.<job id>.env.
+const PrologEnvScript = "etc/prolog-env.sh"
+
+// sharedJobsPerCPU is the partition's OverSubscribe=FORCE count in the
+// shared layouts: 2 cores here take 40 jobs.
+const sharedJobsPerCPU = 24
 
 // PClusterGPUType is the GPU type of the ParallelCluster layout's gres.conf
 // (ParallelCluster names the model, e.g. a10g on g5 instances).
@@ -168,7 +217,18 @@ const pclusterGresFile = "pcluster/slurm_parallelcluster_gres.conf"
 // renderPClusterGres is ParallelCluster's generated line for the node:
 // NodeName=, Name=gpu, Type=, File=/dev/nvidia[0-N].
 func renderPClusterGres(p confParams) string {
-	return fmt.Sprintf("NodeName=%s Name=gpu Type=%s File=%s/dev/nvidia[0-%d]\n", p.Host, PClusterGPUType, p.Root, p.GPUs-1)
+	gpu := fmt.Sprintf("NodeName=%s Name=gpu Type=%s File=%s/dev/nvidia[0-%d]\n", p.Host, PClusterGPUType, p.Root, p.GPUs-1)
+	if p.Shared == "" {
+		return gpu
+	}
+	// ParallelCluster writes no shares; an administrator adding them
+	// would write them beside its lines, per GPU.
+	var b strings.Builder
+	b.WriteString(gpu)
+	for i := 0; i < p.GPUs; i++ {
+		fmt.Fprintf(&b, "NodeName=%s Name=%s Count=%d File=%s/dev/nvidia%d\n", p.Host, p.Shared, sharedPerGPU(p.Shared), p.Root, i)
+	}
+	return b.String()
 }
 
 // MIGSlice is one MIG slice of the MIG layout: its gres index, the fake GPU

@@ -309,3 +309,50 @@ func TestRenderPerRelease(t *testing.T) {
 		t.Errorf("fake driver gres.conf: %q", g)
 	}
 }
+
+func TestRenderSharedLayout(t *testing.T) {
+	for _, tc := range []struct {
+		kind      string
+		slurm     []string
+		gres      string
+		noPrologs bool
+	}{
+		{kind: "", slurm: []string{"GresTypes=gpu\n", "Gres=gpu:4 State", "OverSubscribe=NO\n"},
+			gres: "Name=gpu File=/var/tmp/r/dev/nvidia[0-3]\n", noPrologs: true},
+		{kind: "shard", slurm: []string{"GresTypes=gpu,shard\n", "Gres=gpu:4,shard:40 State", "OverSubscribe=FORCE:24\n", "Prolog=/var/tmp/r/etc/prolog-env.sh\n"},
+			gres: "Name=gpu File=/var/tmp/r/dev/nvidia[0-3]\nName=shard Count=10 File=/var/tmp/r/dev/nvidia0\nName=shard Count=10 File=/var/tmp/r/dev/nvidia1\nName=shard Count=10 File=/var/tmp/r/dev/nvidia2\nName=shard Count=10 File=/var/tmp/r/dev/nvidia3\n"},
+		{kind: "mps", slurm: []string{"GresTypes=gpu,mps\n", "Gres=gpu:4,mps:400 State", "OverSubscribe=FORCE:24\n"},
+			gres: "Name=gpu File=/var/tmp/r/dev/nvidia[0-3]\nName=mps Count=100 File=/var/tmp/r/dev/nvidia0\nName=mps Count=100 File=/var/tmp/r/dev/nvidia1\nName=mps Count=100 File=/var/tmp/r/dev/nvidia2\nName=mps Count=100 File=/var/tmp/r/dev/nvidia3\n"},
+	} {
+		p := testParams()
+		p.Shared = tc.kind
+		conf := renderSlurmConf(p)
+		for _, want := range tc.slurm {
+			if !strings.Contains(conf, want) {
+				t.Errorf("%q: slurm.conf lacks %q:\n%s", tc.kind, want, conf)
+			}
+		}
+		if tc.noPrologs && strings.Contains(conf, "Prolog=") {
+			t.Errorf("%q: slurm.conf has a Prolog= line:\n%s", tc.kind, conf)
+		}
+		if got := renderGresConf(p); got != tc.gres {
+			t.Errorf("%q: gres.conf\n%s\nwant\n%s", tc.kind, got, tc.gres)
+		}
+	}
+}
+
+func TestRenderSharedPCluster(t *testing.T) {
+	p := testParams()
+	p.PCluster, p.Shared = true, "shard"
+	want := "NodeName=node1 Name=gpu Type=a10g File=/var/tmp/r/dev/nvidia[0-3]\n" +
+		"NodeName=node1 Name=shard Count=10 File=/var/tmp/r/dev/nvidia0\n" +
+		"NodeName=node1 Name=shard Count=10 File=/var/tmp/r/dev/nvidia1\n" +
+		"NodeName=node1 Name=shard Count=10 File=/var/tmp/r/dev/nvidia2\n" +
+		"NodeName=node1 Name=shard Count=10 File=/var/tmp/r/dev/nvidia3\n"
+	if got := renderPClusterGres(p); got != want {
+		t.Errorf("ParallelCluster's gres file\n%s\nwant\n%s", got, want)
+	}
+	if conf := renderSlurmConf(p); !strings.Contains(conf, "Gres=gpu:a10g:4,shard:40 State") {
+		t.Errorf("slurm.conf lacks the typed GPUs and the shards:\n%s", conf)
+	}
+}
