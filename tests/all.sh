@@ -14,13 +14,14 @@
 # GPUFENCE_CI_SLURM_RUN: go test -run for those releases (default: the
 #   isolation scenarios, both ConstrainDevices modes, the release's layout
 #   and device program, agent down, and issue 18's attacks on the node
-#   around the filter: about 85 s more on 25.11); empty: the whole suite.
+#   around the filter and shard/mps jobs: about 2 min more on 25.11); empty:
+#   the whole suite.
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/deps.sh
 releases=${GPUFENCE_CI_SLURM-25.11+pcluster}
-run=${GPUFENCE_CI_SLURM_RUN-'^TestPrivileged(Isolation|ConstrainDevices|ReleaseLayout|SlurmDeviceProgramAttached|InteractiveStep|AgentDown|AttackMetricsExhaustion|PluginSocketSurvivesEMFILE|HealthzSocketActivated|AttackMetricsLeakAuthenticated|PlantedScopeE2E|AttackAdoptSlowSlurmctld|AttackExeSpoof|SbcastForeignGPU)$'}
+run=${GPUFENCE_CI_SLURM_RUN-'^TestPrivileged(Isolation|ConstrainDevices|ReleaseLayout|SlurmDeviceProgramAttached|InteractiveStep|AgentDown|AttackMetricsExhaustion|PluginSocketSurvivesEMFILE|HealthzSocketActivated|AttackMetricsLeakAuthenticated|PlantedScopeE2E|AttackAdoptSlowSlurmctld|AttackExeSpoof|SbcastForeignGPU|SharedGPUs)$'}
 t0=$SECONDS
 if [ -n "$releases" ]; then
 	# The source builds first, alone (a build uses every core), so that no
