@@ -77,23 +77,9 @@ func TestCheckExeBindMountSpoof(t *testing.T) {
 	if err := os.WriteFile(tool, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("unshare", "-Urm", "sh", "-c", `mount --bind "$0" /usr/bin/true && echo ok && exec /usr/bin/true 60`, tool)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line := make([]byte, 3)
-	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ok\n" {
-		// Where user namespaces are refused (user.max_user_namespaces
-		// 0, a distribution's sysctl), there is no attack to test.
-		t.Skipf("skipping: no bind mount in a user namespace here: %q %v", line, err)
-	}
-	pid := cmd.Process.Pid
+	// Where user namespaces are refused (user.max_user_namespaces 0, a
+	// distribution's sysctl), there is no attack to test: startIn skips.
+	pid := startIn(t, "unshare", "-Urm", "sh", "-c", `mount --bind "$0" /usr/bin/true && echo ok && exec /usr/bin/true 60`, tool)
 	dir := filepath.Join("/proc", strconv.Itoa(pid))
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if link, _ := os.Readlink(filepath.Join(dir, "exe")); link == "/usr/bin/true" {
