@@ -9,7 +9,7 @@
 # env: SLURM_RELEASES  the major.minor releases to give (default: every line)
 #      SLURM_SRC_DIR   the folder of release tarballs and their SHA256SUMS
 #                      (default: ../shared/slurm-src next to the repository,
-#                      else /work/shared/slurm-src)
+#                      an offline mirror of SchedMD's release tags)
 #      SLURM_INCLUDE   this machine's headers (default /usr/include): used
 #                      for a release of the same major.minor, nothing fetched
 #      SLURM_RELEASES_FILE (default packaging/slurm-releases)
@@ -43,12 +43,11 @@ src_dir() {
 		echo "$SLURM_SRC_DIR"
 		return
 	fi
-	for d in "$here/../../shared/slurm-src" /work/shared/slurm-src; do
-		if [ -f "$d/SHA256SUMS" ]; then
-			(cd "$d" && pwd)
-			return
-		fi
-	done
+	d=$here/../../shared/slurm-src
+	if [ -f "$d/SHA256SUMS" ]; then
+		(cd "$d" && pwd)
+		return
+	fi
 	echo ""
 }
 
@@ -83,7 +82,7 @@ awk '!/^[[:space:]]*(#|$)/ {print $1, $2}' "$list" | while read -r mm source; do
 		tarball=${source#src:}
 		dir=$(src_dir)
 		[ -n "$dir" ] && [ -f "$dir/$tarball" ] ||
-			die "$mm: $tarball not found in ${dir:-../shared/slurm-src or /work/shared/slurm-src}; set SLURM_SRC_DIR to the folder holding it and its SHA256SUMS, or SLURM_RELEASES to the releases to build"
+			die "$mm: $tarball not found in ${dir:-../shared/slurm-src}; set SLURM_SRC_DIR to the folder holding it and its SHA256SUMS, or SLURM_RELEASES to the releases to build"
 		inc=$("$here/slurm-src-headers.sh" "$cache" "$dir/$tarball")
 		;;
 	*) die "$list: $mm has source \"$source\", not debian:SUITE or src:TARBALL" ;;

@@ -165,8 +165,7 @@ func Lookup(v string) (Release, error) {
 }
 
 // SourceDir is the folder of release tarballs and their SHA256SUMS:
-// SLURM_SRC_DIR, else ../shared/slurm-src next to the repository, else
-// /work/shared/slurm-src.
+// SLURM_SRC_DIR, else ../shared/slurm-src next to the repository.
 func SourceDir() (string, error) {
 	if d := os.Getenv("SLURM_SRC_DIR"); d != "" {
 		return d, nil
@@ -175,7 +174,6 @@ func SourceDir() (string, error) {
 	if root, err := ModuleRoot(); err == nil {
 		cands = append(cands, filepath.Join(root, "..", "shared", "slurm-src"))
 	}
-	cands = append(cands, "/work/shared/slurm-src")
 	for _, d := range cands {
 		if _, err := os.Stat(filepath.Join(d, "SHA256SUMS")); err == nil {
 			return filepath.Clean(d), nil
