@@ -101,6 +101,9 @@ type Events struct {
 	o     Options
 	queue chan devfilter.Event
 	supp  suppression
+	// node is the namespace where an exe path must name the program; PID
+	// 1's never changes, so it is looked up once, not per event.
+	node nodeNS
 
 	readers sync.WaitGroup
 	done    chan struct{}
@@ -118,7 +121,7 @@ func New(o Options) *Events {
 	if o.AuditOnly == nil {
 		o.AuditOnly = func() bool { return false }
 	}
-	e := &Events{o: o, queue: make(chan devfilter.Event, o.QueueSize), done: make(chan struct{})}
+	e := &Events{o: o, queue: make(chan devfilter.Event, o.QueueSize), done: make(chan struct{}), node: nodeNamespace(o.Proc, "1")}
 	go e.attribute()
 	return e
 }
@@ -234,7 +237,7 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 		r.Severity = audit.SeverityInfo
 	}
 	if ev.TGID != 0 {
-		x := checkExe(e.o.Proc, ev)
+		x := judgeExe(seeExe(e.o.Proc, e.node, ev))
 		r.Exe, r.ExeNow, r.ExeStatus = audit.Escape(x.exe), audit.Escape(x.now), x.status
 		r.ExeNamespacePath, r.ExeMntNS = audit.Escape(x.nsPath), x.mntNS
 	}
@@ -461,7 +464,6 @@ func (e *Events) Flush(c Counters) {
 		r := e.accessRecord(ev, o, known, n)
 		r.Event, r.PID, r.Comm, r.UID, r.User, r.Access = audit.EventAccessSuppressed, 0, "", nil, "", nil
 		r.Exe, r.ExeNow, r.ExeStatus, r.ExeDev, r.ExeIno = "", "", "", "", 0
-		r.ExeNamespacePath, r.ExeMntNS = "", 0
 		if known && o.Exempt == "" && o.JobID != 0 {
 			r.UID = audit.UID(o.UID)
 			r.User = e.o.Users.Name(o.UID)

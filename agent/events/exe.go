@@ -162,7 +162,7 @@ func seeExe(proc string, node nodeNS, ev devfilter.Event) exeSeen {
 // when it is not the node's, else (or when it cannot be read) 0.
 func otherMntNS(node nodeNS, dir string) uint64 {
 	var task unix.Stat_t
-	if unix.Stat(filepath.Join(dir, "ns", "mnt"), &task) != nil || node.ino == 0 {
+	if node.ino == 0 || unix.Stat(filepath.Join(dir, "ns", "mnt"), &task) != nil {
 		return 0
 	}
 	if node.dev == task.Dev && node.ino == task.Ino {
