@@ -179,15 +179,14 @@ func (c *Controller) Job(ctx context.Context, id uint32) (ControllerJob, error) 
 	var errs []error
 	for i := from; i < len(queries); i++ {
 		j, err := queries[i].run(c, ctx, id)
-		if errors.Is(err, errUnsupported) {
+		if errors.Is(err, errUnsupported) || errors.Is(err, errTooBig) || errors.Is(err, errNoVerdict) {
 			errs = append(errs, fmt.Errorf("%s: %w", queries[i].name, err))
-			c.mu.Lock()
-			c.from = max(c.from, i+1)
-			c.mu.Unlock()
-			continue
-		}
-		if errors.Is(err, errTooBig) || errors.Is(err, errNoVerdict) {
-			errs = append(errs, fmt.Errorf("%s: %w", queries[i].name, err))
+			if errors.Is(err, errUnsupported) {
+				// Never asked this way again.
+				c.mu.Lock()
+				c.from = max(c.from, i+1)
+				c.mu.Unlock()
+			}
 			continue
 		}
 		if err == nil {
@@ -203,12 +202,18 @@ func (c *Controller) Job(ctx context.Context, id uint32) (ControllerJob, error) 
 // parse) an *AmbiguousError: only a connect failure means slurmctld could
 // not be asked.
 func classify(form string, err error) error {
-	var amb *AmbiguousError
-	var unreach *UnreachableError
-	if err == nil || errors.Is(err, ErrJobUnknown) || errors.As(err, &amb) || errors.As(err, &unreach) {
+	if err == nil || errors.Is(err, ErrJobUnknown) || settled(err) {
 		return err
 	}
 	return &AmbiguousError{Reason: fmt.Sprintf("%s: %v", form, err)}
+}
+
+// settled reports whether err already says what slurmctld's answer means:
+// an *AmbiguousError or an *UnreachableError.
+func settled(err error) bool {
+	var amb *AmbiguousError
+	var unreach *UnreachableError
+	return errors.As(err, &amb) || errors.As(err, &unreach)
 }
 
 func (c *Controller) bin(name string) string {
@@ -294,10 +299,8 @@ func unknownJobText(b []byte) bool {
 func (c *Controller) scontrolJSON(ctx context.Context, id uint32) (ControllerJob, error) {
 	out, stderr, err := c.run(ctx, maxJobOutput, "scontrol", "--json", "show", "job", strconv.FormatUint(uint64(id), 10))
 	if err != nil && len(bytes.TrimSpace(out)) == 0 {
-		var amb *AmbiguousError
-		var unreach *UnreachableError
 		switch {
-		case errors.As(err, &amb), errors.As(err, &unreach):
+		case settled(err):
 			return ControllerJob{}, err
 		case bytes.Contains(stderr, []byte("unrecognized option")), bytes.Contains(stderr, []byte("invalid option")),
 			bytes.Contains(stderr, []byte("plugin")) && bytes.Contains(stderr, []byte("JSON")):
@@ -372,11 +375,10 @@ func (c *Controller) squeueList(ctx context.Context) (jobsDoc, error) {
 	}
 	out, stderr, err := c.run(sctx, maxSqueueOutput, "squeue", args...)
 	var amb *AmbiguousError
-	var unreach *UnreachableError
 	switch {
 	case errors.As(err, &amb) && ctx.Err() == nil:
 		return jobsDoc{}, fmt.Errorf("%w: %s", errTooBig, amb.Reason)
-	case errors.As(err, &amb), errors.As(err, &unreach):
+	case settled(err):
 		return jobsDoc{}, err
 	case err != nil && len(bytes.TrimSpace(out)) == 0:
 		if bytes.Contains(stderr, []byte("unrecognized option")) || bytes.Contains(stderr, []byte("plugin")) {
@@ -390,10 +392,8 @@ func (c *Controller) squeueList(ctx context.Context) (jobsDoc, error) {
 func (c *Controller) scontrolText(ctx context.Context, id uint32) (ControllerJob, error) {
 	out, stderr, err := c.run(ctx, maxJobOutput, "scontrol", "show", "job", "-d", strconv.FormatUint(uint64(id), 10))
 	if err != nil {
-		var amb *AmbiguousError
-		var unreach *UnreachableError
 		switch {
-		case errors.As(err, &amb), errors.As(err, &unreach):
+		case settled(err):
 			return ControllerJob{}, err
 		case unknownJobText(stderr):
 			// stderr only: stdout holds the job's own fields.
