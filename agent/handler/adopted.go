@@ -61,24 +61,28 @@ func (h *Handler) denyUnconfirmed(j registry.Job, why string, err error) bool {
 		}
 	}
 	h.Log.Error(why, "job_id", j.ID)
+	fill := h.jobFields(j, err)
 	h.emit(audit.EventJobAdopted, audit.SeverityError, why, func(r *audit.Record) {
-		r.JobID, r.UID, r.User, r.Cgroup = j.ID, audit.UID(j.UID), h.Users.Name(j.UID), j.Dir
-		if err != nil {
-			r.Error = err.Error()
-		}
+		fill(r)
 		r.GPUs, r.Reason, r.PolicyMode = []int{}, why, audit.ModeEnforce
 	})
 	return true
 }
 
-func (h *Handler) retryUnconfirmed(j registry.Job) {
-	o := h.Recovery.Adopt(j.ID)
-	fill := func(r *audit.Record) {
+// jobFields fills a record's job, user and cgroup from j, and its error
+// from err when there is one.
+func (h *Handler) jobFields(j registry.Job, err error) func(*audit.Record) {
+	return func(r *audit.Record) {
 		r.JobID, r.UID, r.User, r.Cgroup = j.ID, audit.UID(j.UID), h.Users.Name(j.UID), j.Dir
-		if o.Err != nil {
-			r.Error = o.Err.Error()
+		if err != nil {
+			r.Error = err.Error()
 		}
 	}
+}
+
+func (h *Handler) retryUnconfirmed(j registry.Job) {
+	o := h.Recovery.Adopt(j.ID)
+	fill := h.jobFields(j, o.Err)
 	switch {
 	case o.Unreachable:
 		h.Log.Debug("unconfirmed job: slurmctld still cannot be asked", "job_id", j.ID, "err", o.Err)
