@@ -38,6 +38,9 @@ const (
 	ReasonOther        = "other"
 )
 
+// Reasons are every value Reason returns, for a metric's label set.
+var Reasons = []string{ReasonEMFILE, ReasonENFILE, ReasonENOBUFS, ReasonENOMEM, ReasonECONNABORTED, ReasonOther}
+
 // Reason names err's errno for a metric label.
 func Reason(err error) string {
 	var errno syscall.Errno
@@ -135,10 +138,10 @@ type Limited struct {
 	retry  *Retry
 	onShed func()
 
-	mu     sync.Mutex
-	open   int
-	done   chan struct{}
-	closed bool
+	mu        sync.Mutex
+	open      int
+	done      chan struct{}
+	closeOnce sync.Once
 
 	// Owned by Accept: shed connections not logged yet, and when the last
 	// line about them went out.
@@ -146,20 +149,11 @@ type Limited struct {
 	lastShedLog  time.Time
 }
 
-// Limit wraps ln. onShed, when set, is told of each connection closed
-// unserved because max were open.
+// Limit wraps ln; max is at least 1 (Budget). onShed, when set, is told
+// of each connection closed unserved because max were open.
 func Limit(ln net.Listener, max int, retry *Retry, onShed func()) *Limited {
-	if max < 1 {
-		max = 1
-	}
-	if retry == nil {
-		retry = &Retry{}
-	}
 	return &Limited{Listener: ln, max: max, retry: retry, onShed: onShed, done: make(chan struct{})}
 }
-
-// Max is how many connections the listener holds at once.
-func (l *Limited) Max() int { return l.max }
 
 // Open is how many connections it holds now.
 func (l *Limited) Open() int {
@@ -214,12 +208,7 @@ func (l *Limited) logShed() {
 
 // Close closes the listener and ends a backoff wait.
 func (l *Limited) Close() error {
-	l.mu.Lock()
-	if !l.closed {
-		l.closed = true
-		close(l.done)
-	}
-	l.mu.Unlock()
+	l.closeOnce.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
 

@@ -225,7 +225,7 @@ func New(o Options) *Exporter {
 	e.memUsed = gauge(nameMemUsed, "Memory in use on the job's GPU, in bytes (the whole GPU: it is the job's alone).")
 	e.memTotal = gauge(nameMemTotal, "Memory of the job's GPU, in bytes.")
 	e.idle = gauge(nameIdle, "Seconds the job's GPU has stayed below metrics.idle_threshold utilization; 0 while busy.")
-	for _, r := range []string{accept.ReasonEMFILE, accept.ReasonENFILE, accept.ReasonENOBUFS, accept.ReasonENOMEM, accept.ReasonECONNABORTED, accept.ReasonOther} {
+	for _, r := range accept.Reasons {
 		e.acceptErrs.WithLabelValues(ListenerPlugin, r)
 		e.acceptErrs.WithLabelValues(ListenerMetrics, r)
 	}

@@ -51,9 +51,8 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, webConfig strin
 			errc <- srv.Serve(ln)
 			return
 		}
-		no := false
-		errc <- web.Serve(ln, srv, &web.FlagConfig{WebConfigFile: &webConfig, WebSystemdSocket: &no,
-			WebListenAddresses: &[]string{ln.Addr().String()}}, log)
+		// Serve reads only the config file of the flags; the listener is ours.
+		errc <- web.Serve(ln, srv, &web.FlagConfig{WebConfigFile: &webConfig}, log)
 	}()
 	select {
 	case err := <-errc:

@@ -14,7 +14,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -206,8 +205,7 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 		log.Warn("refused request from non-root peer")
 		resp = &pb.Response{Error: "permission denied: only root may talk to the gpufence agent"}
 	} else if req.GetVersion() != pb.ProtocolVersion_PROTOCOL_VERSION_1 {
-		resp = &pb.Response{Error: fmt.Sprintf("protocol version %d is not supported by this agent (it speaks version %d); install matching gpufence plugin and agent versions",
-			req.GetVersion(), pb.ProtocolVersion_PROTOCOL_VERSION_1)}
+		resp = &pb.Response{Error: unsupportedVersion(req.GetVersion())}
 	} else {
 		hctx, cancel := context.WithTimeout(ctx, s.timeout)
 		resp = s.h.Handle(hctx, p, req)
@@ -216,6 +214,13 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 	if err := conn.Write(resp, time.Now().Add(s.timeout)); err != nil {
 		log.Warn("cannot send answer", "err", err)
 	}
+}
+
+// unsupportedVersion is the answer to a request of protocol version v,
+// which this agent does not speak.
+func unsupportedVersion(v pb.ProtocolVersion) string {
+	return fmt.Sprintf("protocol version %d is not supported by this agent (it speaks version %d); install matching gpufence plugin and agent versions",
+		v, pb.ProtocolVersion_PROTOCOL_VERSION_1)
 }
 
 // Probe exchanges one frame with the server listening at socket within
@@ -239,7 +244,7 @@ func Probe(socket string, timeout time.Duration) error {
 	if err := conn.Read(resp, deadline); err != nil {
 		return fmt.Errorf("no answer from %s within %s: %w", socket, timeout, err)
 	}
-	if !strings.Contains(resp.GetError(), "protocol version 0") {
+	if resp.GetError() != unsupportedVersion(0) {
 		return fmt.Errorf("%s answered %q, not the agent's answer to a probe", socket, resp.GetError())
 	}
 	return nil
