@@ -215,8 +215,17 @@ func (e *Enforcer) Filter() Filter {
 // link's are compared; a re-attach is audited. An error refuses the step.
 func (e *Enforcer) Ensure(scope string) error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.ensureLocked(scope)
+	had := e.filter != nil
+	err := e.ensureLocked(scope)
+	attached := !had && e.filter != nil
+	e.mu.Unlock()
+	if attached {
+		// slurmd's cgroup outside the scope, found by /proc, which is not
+		// read under e.mu: now, not at the next reconcile pass (Reconcile,
+		// the other path that attaches, refreshes it itself).
+		go e.RefreshSlurmd()
+	}
+	return err
 }
 
 func (e *Enforcer) ensureLocked(scope string) error {
@@ -301,9 +310,16 @@ func (e *Enforcer) attachLocked(scope string) error {
 	e.o.Log.Info("device filter attached", "cgroup", scope, "mode", f.Mode(), "adopted_pinned", adopted)
 	e.o.OnAttach(f)
 	e.refreshExemptLocked()
-	// slurmd's cgroup outside the scope, found by /proc, which is not
-	// read under e.mu: now, not at the next reconcile pass.
-	go e.RefreshSlurmd()
+	return nil
+}
+
+// setExemptLocked writes Slurm's own cgroup cg, named name, as exempt:
+// every device, for root only. e.mu is held.
+func (e *Enforcer) setExemptLocked(name string, cg devfilter.Cgroup) error {
+	if err := e.filter.Set(cg, devfilter.Policy{AllowAll: true, RootOnly: true}); err != nil {
+		return err
+	}
+	e.o.Registry.SetExempt(name, cg)
 	return nil
 }
 
@@ -334,11 +350,10 @@ func (e *Enforcer) refreshExemptLocked() {
 			continue
 		}
 		cg := devfilter.Cgroup{ID: id, Path: dir}
-		if err := e.filter.Set(cg, devfilter.Policy{AllowAll: true, RootOnly: true}); err != nil {
+		if err := e.setExemptLocked(name, cg); err != nil {
 			e.o.Log.Error("set exempt entry", "cgroup", dir, "err", err)
 			continue
 		}
-		e.o.Registry.SetExempt(name, cg)
 		e.o.Log.Info("exempt cgroup keeps all devices for root", "cgroup", dir)
 	}
 }
@@ -675,11 +690,10 @@ func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
 	}
 	cg := devfilter.Cgroup{ID: id, Path: dir}
 	if have[name].ID != id {
-		if err := e.filter.Set(cg, devfilter.Policy{AllowAll: true, RootOnly: true}); err != nil {
+		if err := e.setExemptLocked(name, cg); err != nil {
 			e.noteSlurmdLocked("the entry of slurmd's cgroup could not be written; the device filter is not put there", err, dir)
 			return
 		}
-		e.o.Registry.SetExempt(name, cg)
 	}
 	// What the last cgroup held: a removed cgroup's entry, a moved slurmd.
 	for _, old := range []devfilter.Cgroup{have[name], have[e.slurmdName]} {
