@@ -86,7 +86,9 @@ func (r *run) checkLayout() Check {
 	auto := jobcgroup.Find(where)
 	found := auto
 	if cfgScope != "" {
+		// The processes the first look listed prove the configured scope too.
 		where.Configured = r.cfgPath(cfgScope)
+		where.Procs = func() ([]jobcgroup.Proc, error) { return auto.Procs, nil }
 		found = jobcgroup.Find(where)
 	}
 	var ignored []string
@@ -130,7 +132,7 @@ func (r *run) checkLayout() Check {
 	case picked == "" && otherNode(auto) != "":
 		c.warn("Set node_name in /etc/gpufence/agent.yaml to slurmd's node name (slurmd -N), or set scope to "+r.nodePath(otherNode(auto))+".",
 			"no scope for node_name %s, but %s, named for another node: the agent takes only its own node's scope", node, r.nodePath(otherNode(auto)))
-	case picked == "" && len(ignored) > 0 && len(ignored) == len(auto.Candidates) && !inUserSubtree(auto):
+	case picked == "" && len(ignored) > 0 && len(ignored) == len(auto.Candidates) && !inUserSubtree(where.Mount, auto):
 		c.warn(fmt.Sprintf("Stop the slurmstepds of %s and restart slurmd, which then makes its scope in %s (see CgroupSlice in cgroup.conf(5)).", strings.Join(ignored, " "), slice),
 			"no scope in %s, the slice this cgroup.conf gives, but %s: a scope left from before CgroupSlice changed", filepath.Join(mount, slice), strings.Join(ignored, " "))
 	case picked == "":
@@ -213,9 +215,9 @@ func otherNode(f jobcgroup.Found) string {
 
 // inUserSubtree reports whether a cgroup named like a scope lies in a
 // user's delegated subtree: never a scope left by Slurm.
-func inUserSubtree(f jobcgroup.Found) bool {
+func inUserSubtree(mount string, f jobcgroup.Found) bool {
 	for _, c := range f.Candidates {
-		if strings.Contains(c.Refused, "a user's own cgroup subtree") {
+		if rel, err := filepath.Rel(mount, c.Path); err == nil && jobcgroup.UserSubtree(rel) != "" {
 			return true
 		}
 	}

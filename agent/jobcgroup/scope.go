@@ -13,8 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-
-	"github.com/containerd/cgroups/v3"
 )
 
 // maxScopeDepth is how deep below the cgroup v2 mount FindScopes looks for
@@ -196,7 +194,7 @@ func Find(w Where) Found {
 		c := Candidate{Path: p, Expected: true, Refused: untrusted(w.Mount, p, w.Owner)}
 		if c.Refused == "" {
 			for _, pr := range procs {
-				if within(pr.Cgroup, p) {
+				if Within(pr.Cgroup, p) {
 					c.Proof = pr.String()
 					break
 				}
@@ -210,7 +208,7 @@ func Find(w Where) Found {
 		f.Candidates = append(f.Candidates, c)
 	}
 	for _, p := range FindScopes(top) {
-		if !contains(f.Expected, p) {
+		if !slices.Contains(f.Expected, p) {
 			f.Candidates = append(f.Candidates, Candidate{Path: p, Refused: elsewhere(w, p, f.Expected)})
 		}
 	}
@@ -295,12 +293,9 @@ func expected(w Where) (exp []string, base string, err error) {
 // of PID 1's cgroup, or the mount when PID 1 is at its root. Only root can
 // move PID 1.
 func InitBase(mount string) (string, error) {
-	_, unified, err := cgroups.ParseCgroupFileUnified("/proc/1/cgroup")
+	unified, err := PathOf(1)
 	if err != nil {
-		return "", fmt.Errorf("read the cgroup of PID 1: %w", err)
-	}
-	if unified == "" {
-		return "", errors.New("PID 1 has no cgroup v2 entry")
+		return "", err
 	}
 	p := path.Clean("/" + unified)
 	if p == "/" {
@@ -317,7 +312,7 @@ func untrusted(mount, dir string, owner uint32) string {
 	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
 		return "not below the cgroup v2 mount " + mount
 	}
-	if u := userSubtree(rel); u != "" {
+	if u := UserSubtree(rel); u != "" {
 		return "inside " + u + ", a user's own cgroup subtree"
 	}
 	if _, err := os.Stat(filepath.Join(dir, "cgroup.procs")); err != nil {
@@ -340,10 +335,11 @@ func untrusted(mount, dir string, owner uint32) string {
 	return ""
 }
 
-// userSubtree returns the part of rel (a cgroup path) that makes it a
-// user's: user.slice (logind's sessions and user@UID.service, which
-// systemd delegates to the user) and any user-*.slice or user@*.service.
-func userSubtree(rel string) string {
+// UserSubtree returns the part of rel (a cgroup path below the mount) that
+// makes it a user's: user.slice (logind's sessions and user@UID.service,
+// which systemd delegates to the user) and any user-*.slice or
+// user@*.service; "" when none does.
+func UserSubtree(rel string) string {
 	parts := strings.Split(rel, "/")
 	for i, p := range parts {
 		if p == "user.slice" || (strings.HasPrefix(p, "user-") && strings.HasSuffix(p, ".slice")) ||
@@ -362,7 +358,7 @@ func elsewhere(w Where, p string, want []string) string {
 		why = "not the configured scope " + w.Configured
 	}
 	if rel, err := filepath.Rel(w.Mount, p); err == nil {
-		if u := userSubtree(rel); u != "" {
+		if u := UserSubtree(rel); u != "" {
 			why += "; inside " + u + ", a user's own cgroup subtree"
 		}
 	}
@@ -373,16 +369,8 @@ func elsewhere(w Where, p string, want []string) string {
 	return why
 }
 
-func within(cg, dir string) bool { return cg == dir || strings.HasPrefix(cg, dir+"/") }
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
+// Within reports whether cgroup path cg is dir or below it.
+func Within(cg, dir string) bool { return cg == dir || strings.HasPrefix(cg, dir+"/") }
 
 // slurmBinaries are the names Slurm's daemons are started as.
 var slurmBinaries = []string{"slurmstepd", "slurmd"}
@@ -509,11 +497,11 @@ func (f Found) Slurmd(mount, pidFile string) (string, error) {
 		if p.PID != pid || p.Kind != "slurmd" {
 			continue
 		}
-		if within(p.Cgroup, f.Scope) || within(f.Scope, p.Cgroup) {
+		if Within(p.Cgroup, f.Scope) || Within(f.Scope, p.Cgroup) {
 			return "", nil
 		}
 		rel, err := filepath.Rel(mount, p.Cgroup)
-		if err != nil || rel == "." || strings.HasPrefix(rel, "../") || userSubtree(rel) != "" ||
+		if err != nil || rel == "." || strings.HasPrefix(rel, "../") || UserSubtree(rel) != "" ||
 			slices.ContainsFunc(strings.Split(rel, "/"), IsScopeName) {
 			return "", nil
 		}

@@ -227,7 +227,7 @@ func run(o Options, r *Report, start time.Time) {
 func slurmCheck(r *Report, found jobcgroup.Found) bool {
 	var in, out []string
 	for _, p := range found.Procs {
-		if p.Cgroup == found.Scope || strings.HasPrefix(p.Cgroup, found.Scope+"/") {
+		if jobcgroup.Within(p.Cgroup, found.Scope) {
 			in = append(in, p.String())
 		} else if p.IsStepd() {
 			out = append(out, p.String())
