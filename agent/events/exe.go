@@ -126,8 +126,18 @@ func checkExe(proc string, ev devfilter.Event) exeCheck {
 	return judgeExe(seeExe(proc, nodeNamespace(proc, "1"), ev))
 }
 
-// seeExe makes the reads judgeExe weighs.
+// seeExe makes the reads judgeExe weighs. An exec while it reads (the
+// link moved) is read once more: the exec is then over, and the file the
+// process runs now is compared with the kernel's as any other is.
 func seeExe(proc string, node nodeNS, ev devfilter.Event) exeSeen {
+	s := seeExeOnce(proc, node, ev)
+	if s.moved {
+		s = seeExeOnce(proc, node, ev)
+	}
+	return s
+}
+
+func seeExeOnce(proc string, node nodeNS, ev devfilter.Event) exeSeen {
 	dir := filepath.Join(proc, strconv.FormatUint(uint64(ev.TGID), 10))
 	start, ok := procStart(dir)
 	if !ok || (ev.Start != 0 && start != uint64(ev.Start/(time.Second/userHZ))) {
