@@ -560,6 +560,16 @@ func (d *Daemon) Close() error {
 			<-d.persistDone
 		}
 		if f := d.enf.Detach(); f != nil {
+			// Every event the kernel reported is read and attributed
+			// before the suppressed counts are taken: the books then
+			// add up to what the program saw.
+			if dr, ok := f.(interface{ Drain() error }); ok {
+				if derr := dr.Drain(); derr != nil {
+					d.log.Warn("events left in the ring buffer go to the next agent", "err", derr)
+				} else {
+					d.ev.Close()
+				}
+			}
 			d.ev.Flush(f)
 			err = f.Close()
 		}

@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 )
 
@@ -120,12 +119,12 @@ func startReader(f *Filter) *eventReader {
 // drain returns every event submitted so far and stops the reader.
 func (r *eventReader) drain(t *testing.T) []Event {
 	t.Helper()
-	if err := r.f.reader.Flush(); err != nil {
+	if err := r.f.Drain(); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-r.done:
-		if !errors.Is(err, ringbuf.ErrFlushed) {
+		if !errors.Is(err, ErrClosed) {
 			t.Fatalf("reading events: %v", err)
 		}
 	case <-time.After(10 * time.Second):
@@ -429,6 +428,42 @@ func TestPrivilegedForgetRate(t *testing.T) {
 		}
 		if err := f.SetAuditOnly(true); !errors.Is(err, ErrClosed) {
 			t.Errorf("SetAuditOnly after Close: %v, want ErrClosed", err)
+		}
+	})
+}
+
+// TestPrivilegedDrain: events the kernel reported while nobody read are
+// all returned by ReadEvent after Drain, then ErrClosed; none is left in
+// the ring buffer for a next agent that may never come.
+func TestPrivilegedDrain(t *testing.T) {
+	forEachMode(t, func(t *testing.T, fx *fixture, mode Mode) {
+		f := newFilter(t, fx.options(mode, Options{RateBurst: math.MaxUint32}))
+		step := fx.cgroup(t, "job_1/step_0")
+		if err := f.Set(step, Policy{}); err != nil {
+			t.Fatal(err)
+		}
+		wantOnly(t, "job 1", fx.storm(t, "job_1/step_0/user/task_0", "nvidia1", 17), unix.EPERM, 17)
+		if err := f.Drain(); err != nil {
+			t.Fatal(err)
+		}
+		var got int
+		for {
+			e, err := f.ReadEvent()
+			if errors.Is(err, ErrClosed) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.CgroupID == step.ID && e.Minor == 1 && e.Decision == DecisionDenied {
+				got++
+			}
+		}
+		if got != 17 {
+			t.Errorf("ReadEvent after Drain returned %d denied opens of nvidia1, want 17", got)
+		}
+		if n := f.reader.AvailableBytes(); n != 0 {
+			t.Errorf("%d bytes left in the ring buffer after Drain", n)
 		}
 	})
 }

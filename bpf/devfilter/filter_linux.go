@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -111,6 +112,9 @@ type Filter struct {
 	rate     *ebpf.Map
 	rateFull *ebpf.Map
 	reader   *ringbuf.Reader
+	// draining is set by Drain: the ring buffer's flush marker then ends
+	// ReadEvent instead of being read past.
+	draining atomic.Bool
 
 	// pinDir is Options.PinDir; adopted says New took its pins over.
 	pinDir  string
@@ -525,14 +529,34 @@ func (f *Filter) Policies() (map[uint64]Policy, error) {
 // ReadEvent blocks until the program reports an access, and returns
 // ErrClosed once the filter is closed.
 func (f *Filter) ReadEvent() (Event, error) {
-	rec, err := f.reader.Read()
-	if err != nil {
-		if errors.Is(err, os.ErrClosed) {
+	for {
+		rec, err := f.reader.Read()
+		switch {
+		case err == nil:
+			return decodeEvent(rec.RawSample)
+		case errors.Is(err, os.ErrClosed):
 			return Event{}, ErrClosed
+		case errors.Is(err, ringbuf.ErrFlushed) && f.draining.Load():
+			return Event{}, ErrClosed
+		case errors.Is(err, ringbuf.ErrFlushed):
+			// Only Drain flushes; a marker without it is read past.
+			continue
 		}
 		return Event{}, fmt.Errorf("read device filter event: %w", err)
 	}
-	return decodeEvent(rec.RawSample)
+}
+
+// Drain makes ReadEvent return every event the ring buffer holds now and
+// then ErrClosed, so that an agent that stops reports what the kernel
+// recorded while it ran. Closing the reader instead interrupts it at once:
+// the records left then wait in the pinned ring buffer for the next agent,
+// which may never read them (an uninstall) or be stopped before it does.
+func (f *Filter) Drain() error {
+	f.draining.Store(true)
+	if err := f.reader.Flush(); err != nil {
+		return fmt.Errorf("drain device filter events: %w", err)
+	}
+	return nil
 }
 
 // eventLayout1Size is the size of struct event before the executable's

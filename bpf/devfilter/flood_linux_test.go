@@ -19,7 +19,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
-	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 )
 
@@ -74,7 +73,7 @@ func startThreadReader(f *Filter) *threadReader {
 		for {
 			e, err := f.ReadEvent()
 			if err != nil {
-				if !errors.Is(err, ringbuf.ErrFlushed) {
+				if !errors.Is(err, ErrClosed) {
 					res.err = err
 				}
 				break
@@ -95,7 +94,7 @@ func rusageCPU(u unix.Rusage) time.Duration {
 
 func (r *threadReader) drain(t *testing.T) threadResult {
 	t.Helper()
-	if err := r.f.reader.Flush(); err != nil {
+	if err := r.f.Drain(); err != nil {
 		t.Fatal(err)
 	}
 	select {
