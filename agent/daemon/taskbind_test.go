@@ -94,6 +94,20 @@ func TestPrivilegedDaemonTaskBinding(t *testing.T) {
 	}
 	tr.expect(tr.mkdir("job_2/step_0/user/task_0"), 3)
 
+	// Where Slurm makes no cgroup per task (every task in
+	// user/task_special), there is nothing to narrow by: the task keeps
+	// its step's GPUs, and the step's other tasks are untouched.
+	stepd1 := tr.sleeper(tr.mkdir("job_1/step_1/slurm"))
+	specialDir := tr.mkdir("job_1/step_1/user/task_special")
+	special := tr.sleeper(specialDir)
+	if r := call(d, stepd1, &pb.StepStart{JobId: 1, StepId: 1, Uid: 1000, StepGpus: ptr("1,2")}); r.Error != "" || !r.TaskBind {
+		t.Fatalf("step 1.1: %+v", r)
+	}
+	if r := taskBind(d, special, &pb.TaskBind{JobId: 1, StepId: 1, VisibleDevices: ptr("2")}); r.Error != "" || !slices.Equal(r.Gpus, []uint32{1, 2}) {
+		t.Errorf("task in task_special: %+v; want its step's GPUs [1 2]", r)
+	}
+	tr.expect(specialDir, 1, 2)
+
 	// The task's entry goes with its step.
 	id0, err := jobcgroup.ID(task0Dir)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"github.com/gpufence/gpufence/agent/gpulist"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -87,6 +88,9 @@ type Handler struct {
 	// verifying are the cgroups gpufence verify registered, by id.
 	verifyMu  sync.Mutex
 	verifying map[uint64]verifying
+	// saidNoTask are the steps logged as having no per-task cgroups (under
+	// verifyMu).
+	saidNoTask map[uint64]bool
 }
 
 func (h *Handler) emit(ev audit.Event, sev audit.Severity, msg string, fill func(*audit.Record)) {
@@ -461,6 +465,22 @@ func (h *Handler) scopeMode() bool {
 	return f != nil && f.Mode() == devfilter.ModeScope
 }
 
+// noTaskCgroupSaid reports whether the step on cgroup id was already
+// logged as having no per-task cgroups, and marks it so.
+func (h *Handler) noTaskCgroupSaid(id uint64) bool {
+	h.verifyMu.Lock()
+	defer h.verifyMu.Unlock()
+	if h.saidNoTask == nil {
+		h.saidNoTask = map[uint64]bool{}
+	}
+	if len(h.saidNoTask) > 4096 {
+		clear(h.saidNoTask) // bounded: a line more now and then
+	}
+	said := h.saidNoTask[id]
+	h.saidNoTask[id] = true
+	return said
+}
+
 // releaseTasks takes the entries of s's task cgroups from the kernel.
 func (h *Handler) releaseTasks(s registry.Step) {
 	o := registry.Owner{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs}
@@ -498,6 +518,21 @@ func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
 	var dir string
 	if err == nil {
 		dir, err = jobcgroup.TaskOf(h.Mount, cgPath, s.Cgroup.Path)
+	}
+	if errors.Is(err, jobcgroup.ErrNoTaskCgroup) {
+		if err := p.Verify(); err != nil {
+			return nil, fmt.Errorf("step %s: cannot place the task in its step's cgroup: %v", name, err)
+		}
+		// Nothing to narrow by: the task keeps its step's entry, as under
+		// task_binding: step. Said once per step in the log, with the fix.
+		if !h.noTaskCgroupSaid(s.Cgroup.ID) {
+			h.Log.Warn("task keeps its step's GPUs: "+err.Error(), "job_id", jobID, "step_id", policy.StepName(stepID), "cgroup", filepath.Join(h.Mount, cgPath))
+		}
+		resp := &pb.Response{}
+		for _, g := range s.GPUs {
+			resp.Gpus = append(resp.Gpus, uint32(g))
+		}
+		return resp, nil
 	}
 	var id uint64
 	if err == nil {

@@ -136,11 +136,21 @@ func TaskOf(mount, cgPath, step string) (string, error) {
 		return "", fmt.Errorf("cgroup %s is not inside the step's cgroup %s", got, step)
 	}
 	parts := strings.Split(rel, "/")
+	if len(parts) == 2 && parts[0] == "user" && parts[1] == "task_special" {
+		return "", ErrNoTaskCgroup
+	}
 	if len(parts) != 2 || parts[0] != "user" || !isTaskName(parts[1]) {
 		return "", fmt.Errorf("cgroup %s is not a task of the step's cgroup %s (want %s/user/task_<N>)", got, step, step)
 	}
 	return got, nil
 }
+
+// ErrNoTaskCgroup is TaskOf's answer for a process in its step's
+// user/task_special: Slurm's cgroup/v2 puts every task there when no
+// plugin asks for per-task cgroups (no ConstrainRAMSpace, ConstrainDevices
+// or, from 25.05, ConstrainCores; no jobacct_gather/cgroup), so the tasks
+// of the step share one cgroup and no entry can tell them apart.
+var ErrNoTaskCgroup = errors.New("Slurm made no cgroup of its own for each task of this step (its tasks share user/task_special: cgroup.conf constrains nothing per task); per-task binding needs ConstrainRAMSpace=yes, or ConstrainCores=yes from Slurm 25.05 on")
 
 // isTaskName reports whether name is task_<N>, N a decimal task id as
 // Slurm prints it ("%u": no sign, no leading zero).

@@ -20,7 +20,7 @@ func TestTaskOf(t *testing.T) {
 		{cg: rel, wantErr: "not inside"},
 		{cg: rel + "/slurm", wantErr: "not a task"},
 		{cg: rel + "/user", wantErr: "not a task"},
-		{cg: rel + "/user/task_special", wantErr: "not a task"},
+		{cg: rel + "/user/task_special", wantErr: "no cgroup of its own for each task"},
 		{cg: rel + "/user/task_", wantErr: "not a task"},
 		{cg: rel + "/user/task_01", wantErr: "not a task"},
 		{cg: rel + "/user/task_-1", wantErr: "not a task"},
