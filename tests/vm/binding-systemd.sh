@@ -58,7 +58,20 @@ mode_agent() { printf 'task_binding: %s\n' "$1" > /etc/gpufence/agent.yaml; syst
 
 mkdir -p /etc/gpufence
 idle; cgconf no; systemctl restart slurmd; idle
-for mode in slurm step; do mode_agent "$mode"; idle; run "$mode"; done
+# ms MODE: wall time of srun -n2 with a binding, 6 runs (the first warms up).
+declare -A MS
+ms() {
+	local i t0 t1 out=""
+	for i in 0 1 2 3 4 5; do
+		t0=$(date +%s%N); su alice -c "srun -n2 --gpus=2 --gpu-bind=single:1 true" || { echo "FAIL: timing srun ($1)"; fail=1; }; t1=$(date +%s%N)
+		[ "$i" = 0 ] || out="$out $(( (t1 - t0) / 1000000 ))"
+	done
+	MS[$1]="${MS[$1]:-}$out"
+}
+for mode in slurm step; do mode_agent "$mode"; idle; run "$mode"; ms "$mode"; done
+mode_agent slurm; idle; ms slurm
+med() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+echo "srun -n2 --gpus=2 --gpu-bind=single:1 true (emulated guest), ms: step${MS[step]}; slurm${MS[slurm]}; median step $(med "${MS[step]}"), slurm $(med "${MS[slurm]}")"
 journalctl -u gpufence --no-pager | grep -c "task policy applied" | sed 's/^/agent: task policy applied lines: /'
 # The oracle: no gpufence (agent stopped, pins gone: the filter is
 # detached; no plugin), Slurm's own ConstrainDevices=yes.
