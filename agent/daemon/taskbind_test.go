@@ -149,6 +149,21 @@ func TestPrivilegedDaemonTaskBindingStep(t *testing.T) {
 	tr.expect(tr.mkdir("job_1/step_0/user/task_0"), 0, 1)
 }
 
+// In per-cgroup mode the program sits on step cgroups only: the agent says
+// at start that tasks keep their step's GPUs, and never asks for them.
+func TestPrivilegedDaemonTaskBindingPerCgroup(t *testing.T) {
+	tr := newTree(t)
+	d, logs := tr.daemonWith(devfilter.ModePerCgroup, func(c *config.Config) { c.TaskBinding = config.TaskBindingSlurm })
+	stepd := tr.sleeper(tr.mkdir("job_1/step_0/slurm"))
+	call(d, 0, &pb.JobProlog{JobId: 1, Uid: 1000, JobGpus: ptr("0,1")})
+	if r := call(d, stepd, &pb.StepStart{JobId: 1, StepId: 0, Uid: 1000, StepGpus: ptr("0,1")}); r.Error != "" || r.TaskBind {
+		t.Fatalf("step in per-cgroup mode: %+v; want no task_bind", r)
+	}
+	if !strings.Contains(logs.String(), "task_binding: slurm narrows tasks in scope mode only") {
+		t.Errorf("the agent did not say that per-cgroup mode keeps tasks at their step's GPUs:\n%s", logs.String())
+	}
+}
+
 // TestPrivilegedTaskBindCost: what the agent spends on one task's
 // TaskBind (its cgroup read from /proc, the policy, one map update, the
 // record), without the socket, as a median over 200 calls; it fails only
