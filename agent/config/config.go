@@ -96,6 +96,12 @@ type Config struct {
 	// takes slurm.conf's SwitchParameters=imex_dev_major=, else
 	// "nvidia-caps-imex-channels" from /proc/devices. Unknown: not narrowed.
 	IMEXChannelsMajor uint32 `yaml:"imex_channels_major"`
+	// TaskBinding is step (every task of a step opens the step's GPUs, as
+	// without ConstrainDevices, which NCCL's peer-to-peer transport between
+	// the tasks of a node needs) or slurm (each task opens only the GPUs
+	// Slurm binds it to, --gpus-per-task or --gpu-bind, as ConstrainDevices
+	// would give it; scope mode only).
+	TaskBinding string `yaml:"task_binding"`
 	// ExemptCgroups are the scope's children that are not jobs and keep every
 	// device for root: Slurm parks new slurmstepds in "system" and, without
 	// systemd, moves slurmd into "slurmd" (both use NVML as root).
@@ -250,6 +256,12 @@ const (
 	IMEXUnrestricted = "unrestricted"
 )
 
+// TaskBinding values.
+const (
+	TaskBindingStep  = "step"
+	TaskBindingSlurm = "slurm"
+)
+
 // AdoptUnconfirmed values.
 const (
 	AdoptAuditOnly = "audit-only"
@@ -311,6 +323,7 @@ func Default() Config {
 		AdoptUnconfirmed:     AdoptDeny,
 		AdoptUnconfirmedMax:  Duration{10 * time.Minute},
 		IMEXChannels:         IMEXAuto,
+		TaskBinding:          TaskBindingStep,
 		FailOpenSpool:        "/var/spool/gpufence/failopen.jsonl",
 		NVML:                 NVMLAuto,
 		SlurmdGPUTable:       SlurmdGPUTableAuto,
@@ -431,6 +444,11 @@ func (c Config) Validate(source string) error {
 	case IMEXAuto, IMEXSlurm, IMEXNone, IMEXUnrestricted:
 	default:
 		bad("imex_channels", "%q is not one of auto, slurm, none, unrestricted", c.IMEXChannels)
+	}
+	switch c.TaskBinding {
+	case TaskBindingStep, TaskBindingSlurm:
+	default:
+		bad("task_binding", "%q is not one of step, slurm", c.TaskBinding)
 	}
 	if c.IMEXChannelsMajor > 4095 {
 		bad("imex_channels_major", "%d is not a valid char major", c.IMEXChannelsMajor)

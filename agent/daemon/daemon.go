@@ -177,6 +177,9 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		},
 		NewFilter: newFilter, Registry: d.reg, Recorder: rec,
 		OnAttach: func(f enforcer.Filter) {
+			if cfg.TaskBinding == config.TaskBindingSlurm && f.Mode() == devfilter.ModePerCgroup {
+				d.log.Warn("task_binding: slurm narrows tasks in scope mode only; in per-cgroup mode (kernels before 6.1) every task keeps its step's GPUs")
+			}
 			adopted := false
 			if a, ok := f.(interface{ Adopted() bool }); ok {
 				adopted = a.Adopted()
@@ -210,6 +213,7 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	d.h = &handler.Handler{Log: d.log, Mount: mount, Scope: cfg.Scope, Registry: d.reg, Enforcer: d.enf, Table: d.table,
 		Settings: settings, Recorder: rec, Users: d.users, Recovery: d.recovery, Watch: d.watchStep, PolicyMode: d.policyMode,
 		IMEXMajor: cfg.IMEXChannelsMajor, IMEXFromSlurm: cfg.IMEXChannels == config.IMEXSlurm,
+		TaskBinding:    cfg.TaskBinding == config.TaskBindingSlurm,
 		UnconfirmedMax: cfg.AdoptUnconfirmedMax.Duration}
 	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery, Watcher: d.watch,
 		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}

@@ -488,7 +488,8 @@ func (e *Enforcer) cleanStaleLocked(scope string) {
 	if id := devfilter.PinnedSlurmdCgroup(e.o.PinDir); id != 0 {
 		live[id] = true
 	}
-	for _, pattern := range []string{"*", "*/*"} {
+	// Job, step and (task_binding: slurm) task cgroups hold entries.
+	for _, pattern := range []string{"*", "*/*", "*/*/user/task_*"} {
 		dirs, _ := filepath.Glob(filepath.Join(scope, pattern))
 		for _, dir := range dirs {
 			if fi, err := os.Stat(dir); err == nil && fi.IsDir() {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"github.com/gpufence/gpufence/agent/gpulist"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -79,10 +80,17 @@ type Handler struct {
 	IMEXFromSlurm bool
 	// IMEX reads a process's channel; the zero value reads /proc.
 	IMEX imexchan.Reader
+	// TaskBinding narrows each task of a numbered GPU step to its own
+	// binding (task_binding: slurm; scope mode only): the StepStart answer
+	// asks the plugin for each task's TaskBind.
+	TaskBinding bool
 
 	// verifying are the cgroups gpufence verify registered, by id.
 	verifyMu  sync.Mutex
 	verifying map[uint64]verifying
+	// saidNoTask are the steps logged as having no per-task cgroups (under
+	// verifyMu).
+	saidNoTask map[uint64]bool
 }
 
 func (h *Handler) emit(ev audit.Event, sev audit.Severity, msg string, fill func(*audit.Record)) {
@@ -108,6 +116,8 @@ func (h *Handler) Handle(_ context.Context, p peer.Peer, req *pb.Request) *pb.Re
 		resp = &pb.Response{}
 	case *pb.Request_StepChannel:
 		resp, err = h.stepChannel(p, m.StepChannel)
+	case *pb.Request_TaskBind:
+		resp, err = h.taskBind(p, m.TaskBind)
 	case *pb.Request_JobEpilog:
 		h.JobEnded(m.JobEpilog.GetJobId(), "job ended")
 		resp = &pb.Response{}
@@ -254,12 +264,23 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	for _, g := range dec.GPUs {
 		resp.Gpus = append(resp.Gpus, uint32(g))
 	}
+	// Per-task entries only for what Slurm binds per task (task/cgroup
+	// never narrows batch, extern or interactive steps), under an entry
+	// that is enforced, and where Slurm's own numbering is not local
+	// (ConstrainDevices=yes narrows each task itself).
+	resp.TaskBind = h.TaskBinding && h.scopeMode() && !policy.WholeJobStep(stepID) && len(dec.GPUs) > 0 &&
+		!auditOnly && !st.LocalGPUIndices()
 	var imex []uint32
 	prev, hadPrev := h.Registry.Step(jobID, stepID)
 	if hadPrev && prev.Cgroup.ID == cg.ID && slices.Equal(prev.GPUs, dec.GPUs) && prev.AuditOnly == auditOnly {
 		return resp, nil // a repeated request
 	} else if hadPrev && prev.Cgroup.ID == cg.ID && resp.ImexPending {
 		imex = prev.IMEXChannels // learned already, from this very cgroup
+	}
+	if hadPrev {
+		// The step's list changes: its tasks' entries, narrowed within
+		// the old one, go, and the tasks fall back to the step's entry.
+		h.releaseTasks(prev)
 	}
 	// The record first, then the kernel entry: a crash between them leaves
 	// a record whose entry the next start writes (beforeEnforce), never an
@@ -364,6 +385,7 @@ func (h *Handler) release(s registry.Step, why string) {
 	if err := h.Enforcer.Release(s.Cgroup, o); err != nil {
 		h.Log.Error("remove step policy", "job_id", s.JobID, "step_id", policy.StepName(s.StepID), "cgroup", s.Cgroup.Path, "err", err)
 	}
+	h.releaseTasks(s)
 	h.Log.Info("step policy removed", "job_id", s.JobID, "step_id", policy.StepName(s.StepID), "reason", why)
 	h.emit(audit.EventPolicyReleased, audit.SeverityInfo, fmt.Sprintf("job %d step %s released (%s)", s.JobID, policy.StepName(s.StepID), why), func(r *audit.Record) {
 		r.JobID, r.StepID, r.UID, r.User = s.JobID, policy.StepName(s.StepID), audit.UID(s.UID), h.Users.Name(s.UID)
@@ -432,5 +454,139 @@ func (h *Handler) stepChannel(p peer.Peer, m *pb.StepChannel) (*pb.Response, err
 		r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(s.UID), h.Users.Name(s.UID)
 		r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, s.GPUs...), s.Cgroup.Path, s.Cgroup.ID, h.PolicyMode()
 	})
+	return resp, nil
+}
+
+// scopeMode reports whether the filter looks entries up by ancestor
+// (scope mode): only there does a task cgroup's own entry decide; the
+// per-cgroup program sits on step cgroups alone.
+func (h *Handler) scopeMode() bool {
+	f := h.Enforcer.Filter()
+	return f != nil && f.Mode() == devfilter.ModeScope
+}
+
+// noTaskCgroupSaid reports whether the step on cgroup id was already
+// logged as having no per-task cgroups, and marks it so.
+func (h *Handler) noTaskCgroupSaid(id uint64) bool {
+	h.verifyMu.Lock()
+	defer h.verifyMu.Unlock()
+	if h.saidNoTask == nil {
+		h.saidNoTask = map[uint64]bool{}
+	}
+	if len(h.saidNoTask) > 4096 {
+		clear(h.saidNoTask) // bounded: a line more now and then
+	}
+	said := h.saidNoTask[id]
+	h.saidNoTask[id] = true
+	return said
+}
+
+// releaseTasks takes the entries of s's task cgroups from the kernel.
+func (h *Handler) releaseTasks(s registry.Step) {
+	o := registry.Owner{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs}
+	for _, t := range s.Tasks {
+		if err := h.Enforcer.Release(t, o); err != nil {
+			h.Log.Error("remove task policy", "job_id", s.JobID, "step_id", policy.StepName(s.StepID), "cgroup", t.Path, "err", err)
+		}
+	}
+}
+
+// taskBind narrows one task of a registered step to its binding
+// (task_binding: slurm): the GPUs of the step that the task's
+// CUDA_VISIBLE_DEVICES names, as Slurm set it for the task. The task is
+// the connecting process (SO_PEERCRED: the task child, which connected as
+// root from task_init_privileged), found in its own cgroup, which must be
+// a task of the step's registered cgroup; nothing in the message names a
+// cgroup. The result only ever narrows within the step's list, so no
+// value the user put in the task's environment opens more than the step
+// holds. A task whose list is the step's needs no entry: it inherits the
+// step's.
+func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
+	jobID, stepID := m.GetJobId(), m.GetStepId()
+	name := fmt.Sprintf("%d.%s task %d", jobID, policy.StepName(stepID), m.GetTaskId())
+	if !h.TaskBinding {
+		return nil, fmt.Errorf("step %s sent its task binding, but this agent keeps one list per step (task_binding: step)", name)
+	}
+	s, ok := h.Registry.Step(jobID, stepID)
+	if !ok {
+		return nil, fmt.Errorf("step %s sent its task binding but is not registered", name)
+	}
+	if policy.WholeJobStep(stepID) || s.AuditOnly {
+		return nil, fmt.Errorf("step %s: its tasks are not bound one by one (a batch, extern, interactive or audit-only step)", name)
+	}
+	cgPath, err := jobcgroup.PathOf(p.PID)
+	var dir string
+	if err == nil {
+		dir, err = jobcgroup.TaskOf(h.Mount, cgPath, s.Cgroup.Path)
+	}
+	if errors.Is(err, jobcgroup.ErrNoTaskCgroup) {
+		if err := p.Verify(); err != nil {
+			return nil, fmt.Errorf("step %s: cannot place the task in its step's cgroup: %v", name, err)
+		}
+		// Nothing to narrow by: the task keeps its step's entry, as under
+		// task_binding: step. Said once per step in the log, with the fix.
+		if !h.noTaskCgroupSaid(s.Cgroup.ID) {
+			h.Log.Warn("task keeps its step's GPUs: "+err.Error(), "job_id", jobID, "step_id", policy.StepName(stepID), "cgroup", filepath.Join(h.Mount, cgPath))
+		}
+		resp := &pb.Response{}
+		for _, g := range s.GPUs {
+			resp.Gpus = append(resp.Gpus, uint32(g))
+		}
+		return resp, nil
+	}
+	var id uint64
+	if err == nil {
+		id, err = jobcgroup.ID(dir)
+	}
+	if err == nil {
+		// The step's directory is still the registered cgroup, not one
+		// made again under its name.
+		if now, serr := jobcgroup.ID(s.Cgroup.Path); serr != nil || now != s.Cgroup.ID {
+			err = fmt.Errorf("the step's cgroup %s is no longer the one registered", s.Cgroup.Path)
+		}
+	}
+	if err == nil {
+		// Read through /proc/<pid>: only the task's if it still runs.
+		err = p.Verify()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("step %s: cannot place the task in its step's cgroup: %v", name, err)
+	}
+	gpus, note := policy.ForTask(s.GPUs, m.VisibleDevices)
+	log := h.Log.With("job_id", jobID, "step_id", policy.StepName(stepID), "task_id", m.GetTaskId())
+	if note != "" {
+		log.Warn(note)
+	}
+	resp := &pb.Response{}
+	for _, g := range gpus {
+		resp.Gpus = append(resp.Gpus, uint32(g))
+	}
+	if slices.Equal(gpus, s.GPUs) {
+		log.Debug("task keeps its step's GPUs", "gpus", gpulist.Format(gpus))
+		return resp, nil
+	}
+	set, err := h.Table.Devices(gpus)
+	if err != nil {
+		return nil, fmt.Errorf("step %s: %v", name, err)
+	}
+	cg := devfilter.Cgroup{ID: id, Path: dir}
+	var imex []uint32
+	if len(gpus) > 0 {
+		imex = s.IMEXChannels // a task without a GPU gets no channel, as a step
+	}
+	// The record first, then the kernel entry, as for a step.
+	if _, ok := h.Registry.AddTask(jobID, stepID, s.Cgroup.ID, cg, gpus); !ok {
+		return nil, fmt.Errorf("step %s ended or was registered again while its task was bound", name)
+	}
+	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, IMEXChannels: imex}); err != nil {
+		return nil, fmt.Errorf("step %s: cannot install the task's GPU policy: %v", name, err)
+	}
+	log.Info("task policy applied", "gpus", gpulist.Format(gpus), "cgroup", dir)
+	h.emit(audit.EventPolicyApplied, audit.SeverityInfo,
+		fmt.Sprintf("job %d step %s task %d may open GPUs [%s] of its step's [%s] (task_binding: slurm)", jobID, policy.StepName(stepID), m.GetTaskId(), gpulist.Format(gpus), gpulist.Format(s.GPUs)),
+		func(r *audit.Record) {
+			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(s.UID), h.Users.Name(s.UID)
+			r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, gpus...), dir, id, h.PolicyMode()
+		})
 	return resp, nil
 }

@@ -120,3 +120,49 @@ func ID(dir string) (uint64, error) {
 	}
 	return st.Ino, nil
 }
+
+// TaskOf returns the task cgroup a process whose cgroup is cgPath (as
+// /proc/<pid>/cgroup names it, relative to mount) runs in, when that is a
+// task of step (an absolute step directory): exactly
+// <step>/user/task_<N>, where Slurm's task/cgroup puts each task of a step
+// (cgroup/v2, 22.05 and later), at scope level + 4. Anything else (the
+// step itself, slurmstepd's <step>/slurm, task_special, another step's
+// task, a cgroup below a task) is an error: only such a cgroup gets a
+// task's own kernel entry.
+func TaskOf(mount, cgPath, step string) (string, error) {
+	got := filepath.Join(mount, path.Clean("/"+cgPath))
+	rel, err := filepath.Rel(filepath.Clean(step), got)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return "", fmt.Errorf("cgroup %s is not inside the step's cgroup %s", got, step)
+	}
+	parts := strings.Split(rel, "/")
+	if len(parts) == 2 && parts[0] == "user" && parts[1] == "task_special" {
+		return "", ErrNoTaskCgroup
+	}
+	if len(parts) != 2 || parts[0] != "user" || !isTaskName(parts[1]) {
+		return "", fmt.Errorf("cgroup %s is not a task of the step's cgroup %s (want %s/user/task_<N>)", got, step, step)
+	}
+	return got, nil
+}
+
+// ErrNoTaskCgroup is TaskOf's answer for a process in its step's
+// user/task_special: Slurm's cgroup/v2 puts every task there when no
+// plugin asks for per-task cgroups (no ConstrainRAMSpace, ConstrainDevices
+// or, from 25.05, ConstrainCores; no jobacct_gather/cgroup), so the tasks
+// of the step share one cgroup and no entry can tell them apart.
+var ErrNoTaskCgroup = errors.New("Slurm made no cgroup of its own for each task of this step (its tasks share user/task_special: cgroup.conf constrains nothing per task); per-task binding needs ConstrainRAMSpace=yes, or ConstrainCores=yes from Slurm 25.05 on")
+
+// isTaskName reports whether name is task_<N>, N a decimal task id as
+// Slurm prints it ("%u": no sign, no leading zero).
+func isTaskName(name string) bool {
+	n, ok := strings.CutPrefix(name, "task_")
+	if !ok || n == "" || len(n) > 10 || (n[0] == '0' && len(n) > 1) {
+		return false
+	}
+	for _, c := range n {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}

@@ -131,3 +131,33 @@ func DevicesFor(table map[int]Devices, gpus []int) (DeviceSet, error) {
 	set.CapsMinors = slices.Compact(set.CapsMinors)
 	return set, nil
 }
+
+// ForTask decides the GPUs of one task of a step holding stepGPUs
+// (ascending), whose binding is visible: CUDA_VISIBLE_DEVICES as the task
+// has it after Slurm set its per-task GPUs (nil: unset). The result only
+// ever narrows within stepGPUs: an index the step does not hold is
+// dropped, and a value that is not a GPU index list (UUIDs, MIG names,
+// junk) keeps the step's list, since nothing in it can be read as a
+// binding. note, when set, says what was dropped or kept.
+func ForTask(stepGPUs []int, visible *string) (gpus []int, note string) {
+	if visible == nil {
+		return slices.Clone(stepGPUs), "CUDA_VISIBLE_DEVICES is unset: the task keeps its step's GPUs"
+	}
+	bound, err := gpulist.Parse(*visible)
+	if err != nil {
+		return slices.Clone(stepGPUs), fmt.Sprintf("CUDA_VISIBLE_DEVICES=%.64q is not a GPU index list (%v): the task keeps its step's GPUs", *visible, err)
+	}
+	gpus = []int{}
+	var outside []int
+	for _, g := range bound {
+		if _, in := slices.BinarySearch(stepGPUs, g); in {
+			gpus = append(gpus, g)
+		} else {
+			outside = append(outside, g)
+		}
+	}
+	if len(outside) > 0 {
+		note = fmt.Sprintf("CUDA_VISIBLE_DEVICES names GPUs [%s] the step does not hold; dropped", gpulist.Format(outside))
+	}
+	return gpus, note
+}

@@ -68,6 +68,9 @@ type Step struct {
 	// IMEXChannels is the IMEX channel the step may open (none or one), as
 	// the agent read it from slurmstepd's namespace (StepChannel).
 	IMEXChannels []uint32
+	// Tasks are the step's task cgroups that have a kernel entry of their
+	// own (task_binding: slurm), removed with the step's.
+	Tasks []devfilter.Cgroup
 }
 
 // How an unconfirmed adopted job is handled (config adopt_unconfirmed).
@@ -390,6 +393,12 @@ func (r *Registry) AddStep(s Step, jobDir string) (placeholder bool) {
 		delete(r.owners, prev.Cgroup.ID)
 		r.deleteStepLocked(prev.Cgroup.ID)
 	}
+	if prev := j.steps[s.StepID]; prev != nil {
+		for _, t := range prev.Tasks {
+			delete(r.owners, t.ID)
+		}
+	}
+	s.Tasks = nil
 	r.putStepLocked(&s)
 	j.steps[s.StepID] = &s
 	j.Dir, j.Stepless = jobDir, time.Time{}
@@ -415,6 +424,26 @@ func (r *Registry) SetIMEX(jobID, stepID uint32, id uint64, channels []uint32) (
 	s.IMEXChannels = slices.Clone(channels)
 	r.putStepLocked(s)
 	return *s, true, nil
+}
+
+// AddTask records task, a task cgroup of the step registered on cgroup
+// stepCg, as having a kernel entry of its own, attributed to the step. It
+// returns the step; gpus are the task's, for attribution; false when no such step is registered (it ended, or
+// was registered again on another cgroup).
+func (r *Registry) AddTask(jobID, stepID uint32, stepCg uint64, task devfilter.Cgroup, gpus []int) (Step, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j, ok := r.jobs[jobID]
+	if !ok || j.steps[stepID] == nil || j.steps[stepID].Cgroup.ID != stepCg {
+		return Step{}, false
+	}
+	s := j.steps[stepID]
+	if !slices.ContainsFunc(s.Tasks, func(t devfilter.Cgroup) bool { return t.ID == task.ID }) {
+		s.Tasks = append(slices.Clone(s.Tasks), task)
+	}
+	r.owners[task.ID] = Owner{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: slices.Clone(gpus)}
+	r.publishLocked()
+	return *s, true
 }
 
 // RemoveStep forgets a step, if registered, and returns it.
@@ -451,6 +480,9 @@ func (r *Registry) removeStepLocked(j *job, stepID uint32) Step {
 	s := *j.steps[stepID]
 	delete(j.steps, stepID)
 	delete(r.owners, s.Cgroup.ID)
+	for _, t := range s.Tasks {
+		delete(r.owners, t.ID)
+	}
 	r.deleteStepLocked(s.Cgroup.ID)
 	if len(j.steps) == 0 {
 		j.Stepless = time.Now()

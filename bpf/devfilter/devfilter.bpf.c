@@ -19,8 +19,10 @@
 // slurmstepd scope cgroup, and beside it on slurmd's own cgroup when that
 // is outside the scope (systemd's slurmd.service). The policy of a task is
 // looked up in the `policies` hash by the id of its ancestor at scope level
-// + 2 (the step), then at scope level + 1 (the job, or `system`/`slurmd`),
-// then by its own cgroup's id (slurmd.service). No entry: no GPU.
+// + 4 (Slurm's task cgroup: an entry there only with task_binding: slurm),
+// then at scope level + 2 (the step), then at scope level + 1 (the job, or
+// `system`/`slurmd`), then by its own cgroup's id (slurmd.service). No
+// entry: no GPU.
 //
 // devfilter_cgroup (fallback, Linux >= 5.12: ring buffer, and atomic
 // fetch-and-add for the rate limit, built with -mcpu=v3): attached with
@@ -560,7 +562,7 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 {
 	const struct filter_config *cfg = get_config();
 	const struct policy *p = 0;
-	__u64 id, id1, id2, own;
+	__u64 id, id1, id2, id4, own;
 	int class;
 
 	// Unreachable (an array lookup of key 0 never fails); never narrow
@@ -571,11 +573,21 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 	if (class == CLASS_OTHER)
 		return 1;
 
+	// A task's own entry first (task_binding: slurm): Slurm's task
+	// cgroup, <job>/<step>/user/task_N at scope level + 4, holds one only
+	// when the agent narrowed the task within its step. A task above that
+	// level has no id4 (the helper returns 0).
+	id4 = bpf_get_current_ancestor_cgroup_id(cfg->scope_level + 4);
+	id = id4;
+	if (id4)
+		p = bpf_map_lookup_elem(&policies, &id4);
 	// A task above step level has no id2 (the helper returns 0).
 	id2 = bpf_get_current_ancestor_cgroup_id(cfg->scope_level + 2);
-	id = id2;
-	if (id2)
-		p = bpf_map_lookup_elem(&policies, &id2);
+	if (!p) {
+		id = id2;
+		if (id2)
+			p = bpf_map_lookup_elem(&policies, &id2);
+	}
 	if (!p) {
 		id1 = bpf_get_current_ancestor_cgroup_id(cfg->scope_level + 1);
 		p = bpf_map_lookup_elem(&policies, &id1);
@@ -587,8 +599,8 @@ int devfilter_scope(struct bpf_cgroup_dev_ctx *ctx)
 	// (systemd's slurmd.service), where it attaches this program too and
 	// where the ancestors at scope level + 1 and + 2 are 0 (the task is not
 	// that deep) or cgroups that are not Slurm's. Within the scope it finds
-	// nothing the lookups above missed: entries are keyed by job and step
-	// cgroups, which those lookups already tried.
+	// nothing the lookups above missed: entries are keyed by job, step and
+	// task cgroups, which those lookups already tried.
 	if (!p) {
 		own = bpf_get_current_cgroup_id();
 		p = bpf_map_lookup_elem(&policies, &own);

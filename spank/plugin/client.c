@@ -22,6 +22,7 @@ enum {
 	F_REQUEST_STEP_START = 11,
 	F_REQUEST_JOB_EPILOG = 13,
 	F_REQUEST_STEP_CHANNEL = 16, /* 12: StepEnd, 14, 15: VerifyStart, VerifyEnd */
+	F_REQUEST_TASK_BIND = 17,
 
 	F_JOB_ID = 1,	 /* JobProlog, StepStart, JobEpilog, StepChannel */
 	F_STEP_ID = 2,	 /* StepStart, StepChannel */
@@ -30,6 +31,8 @@ enum {
 	F_STEP_UID = 3,	 /* StepStart */
 	F_STEP_GPUS = 4, /* StepStart */
 	F_TASK_PIDS = 5, /* StepStart */
+	F_TASK_ID = 3,	 /* TaskBind */
+	F_VISIBLE = 4,	 /* TaskBind */
 
 	F_RESP_ERROR = 1,
 	F_RESP_GPUS = 2,
@@ -37,6 +40,7 @@ enum {
 	F_RESP_STEP_CGROUP = 4,
 	F_RESP_IMEX_PENDING = 6, /* 5: verify */
 	F_RESP_IMEX_CHANNEL = 7,
+	F_RESP_TASK_BIND = 17,
 
 	PROTOCOL_VERSION_1 = 1,
 };
@@ -117,8 +121,8 @@ static void put_opt_string(struct out *o, int num, const char *s)
 /* One request: the oneof field num and what its message holds. */
 struct req {
 	int num;
-	uint32_t job_id, step_id, uid;
-	const char *gpus; /* job_gpus or step_gpus; NULL: unset */
+	uint32_t job_id, step_id, uid; /* uid: TaskBind's task_id */
+	const char *gpus; /* job_gpus, step_gpus or visible_devices; NULL: unset */
 	const uint32_t *pids;
 	int npids;
 };
@@ -149,6 +153,11 @@ static void put_msg(struct out *o, const struct req *r)
 		break;
 	case F_REQUEST_STEP_CHANNEL:
 		put_uint(o, F_STEP_ID, r->step_id);
+		break;
+	case F_REQUEST_TASK_BIND:
+		put_uint(o, F_STEP_ID, r->step_id);
+		put_uint(o, F_TASK_ID, r->uid);
+		put_opt_string(o, F_VISIBLE, r->gpus);
 		break;
 	}
 }
@@ -205,6 +214,15 @@ int gf_wire_step_channel(uint8_t *buf, size_t cap, uint32_t job_id,
 			 uint32_t step_id)
 {
 	struct req r = { .num = F_REQUEST_STEP_CHANNEL, .job_id = job_id, .step_id = step_id };
+
+	return frame(buf, cap, &r);
+}
+
+int gf_wire_task_bind(uint8_t *buf, size_t cap, uint32_t job_id,
+		      uint32_t step_id, uint32_t task_id, const char *visible)
+{
+	struct req r = { .num = F_REQUEST_TASK_BIND, .job_id = job_id, .step_id = step_id,
+			 .uid = task_id, .gpus = visible };
 
 	return frame(buf, cap, &r);
 }
@@ -342,14 +360,17 @@ int gf_wire_parse_response(const uint8_t *b, size_t n, struct gf_response *r)
 		} else if (num == F_RESP_GPUS && type == WT_VARINT) { /* unpacked */
 			if (get_varint(&in, &v) || add_gpu(r, v))
 				return -1;
-		} else if ((num == F_RESP_SLURM_LOCAL || num == F_RESP_IMEX_PENDING) &&
+		} else if ((num == F_RESP_SLURM_LOCAL || num == F_RESP_IMEX_PENDING ||
+			    num == F_RESP_TASK_BIND) &&
 			   type == WT_VARINT) {
 			if (get_varint(&in, &v))
 				return -1;
 			if (num == F_RESP_SLURM_LOCAL)
 				r->slurm_local = v != 0;
-			else
+			else if (num == F_RESP_IMEX_PENDING)
 				r->imex_pending = v != 0;
+			else
+				r->task_bind = v != 0;
 		} else if (num == F_RESP_IMEX_CHANNEL && type == WT_VARINT) {
 			if (get_varint(&in, &v) || v > UINT32_MAX)
 				return -1;
@@ -512,15 +533,14 @@ static int read_frame(int fd, long long deadline, uint8_t **body, size_t *len,
 	return GPUFENCE_OK;
 }
 
-/* One try: connect, check the listener, send, read and decode the answer. */
-static int try_once(const char *path, long long deadline, const uint8_t *req,
-		    size_t reqlen, uint8_t **body, struct gf_response *r,
-		    struct failure *f)
+/* Connects to path and checks the listener; the socket in *fdp. */
+static int open_conn(const char *path, long long deadline, int *fdp,
+		     struct failure *f)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
-	size_t sent = 0, len = 0;
 	int fd, rc;
 
+	*fdp = -1;
 	if (strlen(path) >= sizeof(addr.sun_path))
 		return fail(f, GPUFENCE_E_INVALID, "socket path %.300s: longer than %zu bytes",
 			    path, sizeof(addr.sun_path) - 1);
@@ -541,27 +561,38 @@ static int try_once(const char *path, long long deadline, const uint8_t *req,
 	}
 	if ((rc = check_listener(fd, path, f)))
 		goto out;
+	*fdp = fd;
+	return GPUFENCE_OK;
+out:
+	close(fd);
+	return rc;
+}
+
+/* Sends req on a connected fd, reads and decodes the answer. */
+static int exchange(int fd, long long deadline, const uint8_t *req,
+		    size_t reqlen, uint8_t **body, struct gf_response *r,
+		    struct failure *f)
+{
+	size_t sent = 0, len = 0;
+	int rc;
+
 	while (sent < reqlen) {
 		ssize_t n;
 
 		if ((rc = set_timeouts(fd, deadline, f)))
-			goto out;
+			return rc;
 		/* MSG_NOSIGNAL: an agent gone mid-way is no SIGPIPE for slurmstepd. */
 		n = send(fd, req + sent, reqlen - sent, MSG_NOSIGNAL);
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0) {
-			rc = sys_fail(f, "write", errno);
-			goto out;
-		}
+		if (n < 0)
+			return sys_fail(f, "write", errno);
 		sent += (size_t)n;
 	}
 	if ((rc = read_frame(fd, deadline, body, &len, f)))
-		goto out;
-	if (gf_wire_parse_response(*body, len, r)) {
-		rc = fail(f, GPUFENCE_E_UNREACHABLE, "malformed answer");
-		goto out;
-	}
+		return rc;
+	if (gf_wire_parse_response(*body, len, r))
+		return fail(f, GPUFENCE_E_UNREACHABLE, "malformed answer");
 	if (r->error_len) {
 		/* The agent's own words, cut at a character boundary. */
 		size_t n = r->error_len < sizeof(f->text) - 1 ? r->error_len : sizeof(f->text) - 1;
@@ -571,9 +602,21 @@ static int try_once(const char *path, long long deadline, const uint8_t *req,
 		f->code = GPUFENCE_E_REFUSED;
 		memcpy(f->text, r->error, n);
 		f->text[n] = 0;
-		rc = GPUFENCE_E_REFUSED;
+		return GPUFENCE_E_REFUSED;
 	}
-out:
+	return GPUFENCE_OK;
+}
+
+/* One try: connect, check the listener, send, read and decode the answer. */
+static int try_once(const char *path, long long deadline, const uint8_t *req,
+		    size_t reqlen, uint8_t **body, struct gf_response *r,
+		    struct failure *f)
+{
+	int fd, rc;
+
+	if ((rc = open_conn(path, deadline, &fd, f)))
+		return rc;
+	rc = exchange(fd, deadline, req, reqlen, body, r, f);
 	close(fd);
 	return rc;
 }
@@ -740,6 +783,7 @@ int gf_client_step_start(const char *socket, int timeout_ms, uint32_t job_id,
 		res->ngpus = n;
 		res->slurm_local_indices = r.slurm_local;
 		res->imex_pending = r.imex_pending;
+		res->task_bind = r.task_bind;
 		if (r.step_cgroup_len)
 			memcpy(res->step_cgroup, r.step_cgroup, r.step_cgroup_len);
 		res->step_cgroup[r.step_cgroup_len] = 0;
@@ -765,6 +809,85 @@ int gf_client_step_channel(const char *socket, int timeout_ms, uint32_t job_id,
 	if (rc == GPUFENCE_OK) {
 		res->has_channel = r.has_channel;
 		res->channel = r.channel;
+	}
+	free(body);
+	return rc;
+}
+
+/* The text of a failed call, as call() words it. */
+static void describe(const struct failure *f, int timeout_ms, char *err,
+		     size_t errlen)
+{
+	if (f->code == GPUFENCE_E_UNREACHABLE && f->deadline) {
+		char d[32];
+
+		duration(timeout_ms, d, sizeof(d));
+		snprintf(err, errlen, "no answer within %s", d);
+	} else {
+		snprintf(err, errlen, "%s", f->text);
+	}
+}
+
+int gf_client_task_connect(const char *socket, int timeout_ms, int *fd,
+			   char *err, size_t errlen)
+{
+	struct failure f = { 0 };
+	long long start = now_ms(), end;
+	int rc;
+
+	*fd = -1;
+	if (!socket || !socket[0] || timeout_ms <= 0) {
+		snprintf(err, errlen, "invalid argument: socket \"%s\", timeout %dms",
+			 socket ? socket : "", timeout_ms > 0 ? timeout_ms : 0);
+		return GPUFENCE_E_INVALID;
+	}
+	/* As call(): a second try after a pause, within 1.5 x timeout. */
+	end = start + timeout_ms + timeout_ms / 2;
+	rc = open_conn(socket, start + timeout_ms, fd, &f);
+	if (rc == GPUFENCE_E_UNREACHABLE && end - now_ms() > GF_RETRY_PAUSE_MS) {
+		sleep_ms(GF_RETRY_PAUSE_MS);
+		memset(&f, 0, sizeof(f));
+		rc = open_conn(socket, end, fd, &f);
+	}
+	if (rc != GPUFENCE_OK)
+		describe(&f, timeout_ms, err, errlen);
+	return rc;
+}
+
+int gf_client_task_bind(int fd, int timeout_ms, uint32_t job_id,
+			uint32_t step_id, uint32_t task_id, const char *visible,
+			struct gf_task_result *res, char *err, size_t errlen)
+{
+	uint8_t req[GF_TASK_BIND_FRAME], *body = NULL;
+	struct failure f = { 0 };
+	struct gf_response r;
+	int len, rc, n = 0;
+
+	memset(res, 0, sizeof(*res));
+	len = gf_wire_task_bind(req, sizeof(req), job_id, step_id, task_id, visible);
+	if (fd < 0 || timeout_ms <= 0 || len < 0) {
+		snprintf(err, errlen, "invalid argument: fd %d, timeout %dms, %s", fd,
+			 timeout_ms > 0 ? timeout_ms : 0,
+			 len < 0 ? "CUDA_VISIBLE_DEVICES too long" : "request");
+		if (fd >= 0)
+			close(fd);
+		return GPUFENCE_E_INVALID;
+	}
+	/* No second try: the connection was made as root, and cannot be again. */
+	rc = exchange(fd, now_ms() + timeout_ms, req, (size_t)len, &body, &r, &f);
+	close(fd);
+	if (rc == GPUFENCE_OK && r.gpus_total > GPUFENCE_MAX_GPUS) {
+		snprintf(err, errlen, "invalid argument: agent allowed %d GPUs, room for %d",
+			 r.gpus_total, GPUFENCE_MAX_GPUS);
+		rc = GPUFENCE_E_INVALID;
+	} else if (rc == GPUFENCE_OK) {
+		qsort(r.gpus, (size_t)r.ngpus, sizeof(r.gpus[0]), cmp_u32);
+		for (int i = 0; i < r.ngpus; i++)
+			if (!n || res->gpus[n - 1] != r.gpus[i])
+				res->gpus[n++] = r.gpus[i];
+		res->ngpus = n;
+	} else {
+		describe(&f, timeout_ms, err, errlen);
 	}
 	free(body);
 	return rc;

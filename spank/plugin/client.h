@@ -5,8 +5,8 @@
  * agent's root-only unix socket. No Go runtime starts for them: its start
  * alone costs a step more CPU than the whole exchange (docs/architecture.md,
  * "Step launch cost"). Only slurmstepd's parent process and the prolog and
- * epilog process call these; never srun, sbatch, salloc, slurmd or a forked
- * task child.
+ * epilog process call these; never srun, sbatch, salloc or slurmd, and a
+ * forked task child only the TaskBind pair (plain system calls).
  *
  * spank/internal/cwire holds the encoding to the generated Go types both
  * ways and runs these against a real socket.
@@ -35,6 +35,15 @@ struct gf_step_result {
 	/* The step's cgroup as /proc/<pid>/cgroup names it; "" when the
 	 * agent did not say (an older agent). */
 	char step_cgroup[GPUFENCE_CGROUP_LEN];
+	/* The agent narrows each task to its binding (task_binding: slurm):
+	 * each task sends TaskBind before it execs. */
+	int task_bind;
+};
+
+/* TaskBind's answer: the GPUs the task may open, ascending. */
+struct gf_task_result {
+	uint32_t gpus[GPUFENCE_MAX_GPUS];
+	int ngpus;
 };
 
 /*
@@ -53,6 +62,7 @@ struct gf_response {
 	int imex_pending;
 	int has_channel;
 	uint32_t channel;
+	int task_bind;
 };
 
 /*
@@ -70,6 +80,11 @@ int gf_wire_step_start(uint8_t *buf, size_t cap, uint32_t job_id,
 		       const uint32_t *pids, int npids);
 int gf_wire_step_channel(uint8_t *buf, size_t cap, uint32_t job_id,
 			 uint32_t step_id);
+int gf_wire_task_bind(uint8_t *buf, size_t cap, uint32_t job_id,
+		      uint32_t step_id, uint32_t task_id, const char *visible);
+
+/* The room gf_client_task_bind gives its frame: a task's list is short. */
+#define GF_TASK_BIND_FRAME 8192
 
 /*
  * Decodes a Response (without its length prefix) as protobuf does: unknown
@@ -100,6 +115,20 @@ int gf_client_step_start(const char *socket, int timeout_ms, uint32_t job_id,
 int gf_client_step_channel(const char *socket, int timeout_ms, uint32_t job_id,
 			   uint32_t step_id, struct gf_step_result *res,
 			   char *err, size_t errlen);
+
+/*
+ * TaskBind in two halves, for a forked task (task_binding: slurm). In
+ * task_init_privileged, as root: connect (with call()'s second try) and
+ * check the listener, *fd the connected socket (close-on-exec). In
+ * task_init, as the user, after Slurm set the task's GPU variables: send
+ * TaskBind on it, read the answer (one try: the socket cannot be connected
+ * again without root) and close it. Codes as above.
+ */
+int gf_client_task_connect(const char *socket, int timeout_ms, int *fd,
+			   char *err, size_t errlen);
+int gf_client_task_bind(int fd, int timeout_ms, uint32_t job_id,
+			uint32_t step_id, uint32_t task_id, const char *visible,
+			struct gf_task_result *res, char *err, size_t errlen);
 
 /* The pause between the two tries, in ms. */
 #define GF_RETRY_PAUSE_MS 200

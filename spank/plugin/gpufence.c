@@ -63,6 +63,18 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 	}
 }
 
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	switch (spank_context()) {
+	case S_CTX_REMOTE:
+		return gf_remote_task_init_privileged(sp);
+	default:
+		return 0;
+	}
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;

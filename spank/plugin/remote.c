@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <slurm/slurm.h>
 
 #include "args.h"
@@ -54,6 +55,18 @@ struct gate {
 	char msg[GPUFENCE_ERR_LEN * 3];
 };
 static struct gate *gate;
+
+/*
+ * task_binding: slurm, in one forked task child: the connection that
+ * task_init_privileged made as root (the socket is root's only) and
+ * task_init sends the task's binding on, or why it could not be made.
+ * Each child has its own copy; the parent never sets it.
+ */
+static struct {
+	int fd;
+	int rc;
+	char err[GPUFENCE_ERR_LEN];
+} task_conn = { .fd = -1 };
 
 static void gate_open(void)
 {
@@ -341,6 +354,70 @@ int gf_remote_task_post_fork(spank_t sp)
 	return 0;
 }
 
+int gf_remote_task_init_privileged(spank_t sp)
+{
+	(void)sp;
+	/*
+	 * Only for a step the agent asked to bind per task. The gate's
+	 * verdict is not in yet (the parent's post_fork may still run): a
+	 * refused step stops in task_init, and the agent sees the
+	 * connection close unused.
+	 */
+	if (!stash.registered || !stash.res.task_bind)
+		return 0;
+	task_conn.rc = gf_client_task_connect(stash.cfg.socket, timeout_ms(),
+					      &task_conn.fd, task_conn.err,
+					      sizeof(task_conn.err));
+	return 0;
+}
+
+/*
+ * Sends the task's binding (Slurm's per-task CUDA_VISIBLE_DEVICES, set
+ * before this callback) on the connection task_init_privileged made; the
+ * agent narrows the task's cgroup to the step's GPUs it names. 0 with the
+ * task's GPUs in res, 1 when the task keeps its step's GPUs (failure=open,
+ * agent unreachable), -1 when the task must not run (msg says why).
+ */
+static int task_bind(spank_t sp, struct gf_task_result *res, char *msg,
+		     size_t len)
+{
+	uint32_t job_id, step_id, uid, task_id = 0;
+	char val[ENV_LEN], err[GPUFENCE_ERR_LEN], why[GPUFENCE_ERR_LEN * 2],
+		step[32];
+	int rc = task_conn.rc;
+
+	if (step_ids(sp, &job_id, &step_id, &uid)) {
+		snprintf(msg, len, "cannot read the job id, step id or uid from Slurm");
+		if (task_conn.fd >= 0)
+			close(task_conn.fd);
+		return -1;
+	}
+	step_name(step_id, step, sizeof(step));
+	if (spank_get_item(sp, S_TASK_GLOBAL_ID, &task_id) != ESPANK_SUCCESS)
+		task_id = 0;
+	if (task_conn.fd >= 0) {
+		rc = gf_client_task_bind(task_conn.fd, timeout_ms(), job_id, step_id,
+					 task_id,
+					 job_env(sp, "CUDA_VISIBLE_DEVICES", val, sizeof(val)),
+					 res, err, sizeof(err));
+		task_conn.fd = -1;
+	} else {
+		snprintf(err, sizeof(err), "%s", task_conn.err);
+	}
+	if (rc == GPUFENCE_OK)
+		return 0;
+	gf_describe_failure(&stash.cfg, rc, err, why, sizeof(why));
+	if (rc == GPUFENCE_E_UNREACHABLE && stash.cfg.fail_open) {
+		/* The step's entry still holds: no other job's GPU opens. */
+		gf_error("job %u step %s task %u: cannot set the task's own GPUs (%s); failure=open lets it run with its step's GPUs",
+			 job_id, step, task_id, why);
+		return 1;
+	}
+	snprintf(msg, len, "job %u step %s task %u: cannot set the task's own GPUs: %.900s; refusing to start the task (ask the cluster administrators to check the gpufence agent on this node)",
+		 job_id, step, task_id, why);
+	return -1;
+}
+
 static void renumber_var(spank_t sp, const char *name, const uint32_t *gpus,
 			 int ngpus, int flags)
 {
@@ -370,6 +447,8 @@ int gf_remote_task_init(spank_t sp)
 	const uint32_t *gpus = stash.res.gpus;
 	int ngpus = stash.res.ngpus;
 	int flags = 0;
+	struct gf_task_result tres;
+	char msg[GPUFENCE_ERR_LEN * 3];
 
 	if (gate) {
 		bool refused = __atomic_load_n(&gate->refused, __ATOMIC_SEQ_CST);
@@ -421,6 +500,20 @@ int gf_remote_task_init(spank_t sp)
 		}
 		gpus = env_gpus;
 		flags |= GF_RENUMBER_LIST_FROM_ENV;
+	}
+	if (stash.registered && stash.res.task_bind) {
+		/* CUDA numbers only what the task opens: renumber within it. */
+		switch (task_bind(sp, &tres, msg, sizeof(msg))) {
+		case 0:
+			gpus = tres.gpus;
+			ngpus = tres.ngpus;
+			break;
+		case 1:
+			break;
+		default:
+			gf_error("%s", msg);
+			return -1;
+		}
 	}
 	renumber_var(sp, "CUDA_VISIBLE_DEVICES", gpus, ngpus, flags);
 	renumber_var(sp, "GPU_DEVICE_ORDINAL", gpus, ngpus, flags);

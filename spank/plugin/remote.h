@@ -12,7 +12,15 @@ int gf_remote_init(spank_t sp, int ac, char **av);
  * sets the verdict its task_init reads; -1 only without the shared gate.
  */
 int gf_remote_task_post_fork(spank_t sp);
-/* In the forked task child, as the user: C only, renumbers GPU variables. */
+/*
+ * In the forked task child, as root, before it becomes the user: with
+ * task_binding: slurm, connects to the agent for task_init's TaskBind.
+ */
+int gf_remote_task_init_privileged(spank_t sp);
+/*
+ * In the forked task child, as the user: C only; sends the task's binding
+ * when the agent asked for it, renumbers GPU variables.
+ */
 int gf_remote_task_init(spank_t sp);
 
 #endif

@@ -89,6 +89,7 @@ type Request struct {
 	//	*Request_VerifyStart
 	//	*Request_VerifyEnd
 	//	*Request_StepChannel
+	//	*Request_TaskBind
 	Msg           isRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -201,6 +202,15 @@ func (x *Request) GetStepChannel() *StepChannel {
 	return nil
 }
 
+func (x *Request) GetTaskBind() *TaskBind {
+	if x != nil {
+		if x, ok := x.Msg.(*Request_TaskBind); ok {
+			return x.TaskBind
+		}
+	}
+	return nil
+}
+
 type isRequest_Msg interface {
 	isRequest_Msg()
 }
@@ -233,6 +243,10 @@ type Request_StepChannel struct {
 	StepChannel *StepChannel `protobuf:"bytes,16,opt,name=step_channel,json=stepChannel,proto3,oneof"`
 }
 
+type Request_TaskBind struct {
+	TaskBind *TaskBind `protobuf:"bytes,17,opt,name=task_bind,json=taskBind,proto3,oneof"`
+}
+
 func (*Request_JobProlog) isRequest_Msg() {}
 
 func (*Request_StepStart) isRequest_Msg() {}
@@ -246,6 +260,8 @@ func (*Request_VerifyStart) isRequest_Msg() {}
 func (*Request_VerifyEnd) isRequest_Msg() {}
 
 func (*Request_StepChannel) isRequest_Msg() {}
+
+func (*Request_TaskBind) isRequest_Msg() {}
 
 // Sent from the job_prolog SPANK callback, which slurmd runs as root before the
 // job's first step on this node. The GPU list here is the only one the agent
@@ -673,12 +689,92 @@ func (x *StepChannel) GetStepId() uint32 {
 	return 0
 }
 
+// Sent by a task of a step whose StepStart answer set task_bind (the agent's
+// task_binding: slurm): the connection is made from slurm_spank_task_init_privileged,
+// in the forked task as root, and this frame sent from slurm_spank_task_init,
+// after Slurm set the task's own GPU variables, before the task execs. The
+// agent finds the task's cgroup (<step>/user/task_<N>) from /proc/<pid>/cgroup
+// of the connecting process (SO_PEERCRED, pidfd) and gives it the step's GPUs
+// that visible_devices names: it only ever narrows within the step's list.
+type TaskBind struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	JobId  uint32                 `protobuf:"varint,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	StepId uint32                 `protobuf:"varint,2,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// Slurm's global task id (S_TASK_GLOBAL_ID), for the logs.
+	TaskId uint32 `protobuf:"varint,3,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// CUDA_VISIBLE_DEVICES as the task has it in task_init: Slurm's per-task
+	// list (gres_g_task_set_env) when the step binds GPUs to tasks, else the
+	// step's. Absent when unset.
+	VisibleDevices *string `protobuf:"bytes,4,opt,name=visible_devices,json=visibleDevices,proto3,oneof" json:"visible_devices,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TaskBind) Reset() {
+	*x = TaskBind{}
+	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskBind) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskBind) ProtoMessage() {}
+
+func (x *TaskBind) ProtoReflect() protoreflect.Message {
+	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskBind.ProtoReflect.Descriptor instead.
+func (*TaskBind) Descriptor() ([]byte, []int) {
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TaskBind) GetJobId() uint32 {
+	if x != nil {
+		return x.JobId
+	}
+	return 0
+}
+
+func (x *TaskBind) GetStepId() uint32 {
+	if x != nil {
+		return x.StepId
+	}
+	return 0
+}
+
+func (x *TaskBind) GetTaskId() uint32 {
+	if x != nil {
+		return x.TaskId
+	}
+	return 0
+}
+
+func (x *TaskBind) GetVisibleDevices() string {
+	if x != nil && x.VisibleDevices != nil {
+		return *x.VisibleDevices
+	}
+	return ""
+}
+
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty on success. Otherwise a one-line reason that Slurm shows to the user
 	// (prefixed "gpufence: " by the plugin), so it must not leak other jobs' data.
 	Error string `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
-	// For StepStart: the global GPU indices the step may open, ascending.
+	// For StepStart: the global GPU indices the step may open, ascending; for
+	// TaskBind: those the task may open.
 	Gpus []uint32 `protobuf:"varint,2,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
 	// For StepStart: Slurm already numbers CUDA_VISIBLE_DEVICES locally
 	// (TaskPlugin=task/cgroup with ConstrainDevices=yes), so the plugin must not
@@ -696,14 +792,17 @@ type Response struct {
 	// the step opens no channel.
 	ImexPending bool `protobuf:"varint,6,opt,name=imex_pending,json=imexPending,proto3" json:"imex_pending,omitempty"`
 	// For StepChannel: the IMEX channel the step may open; absent: none.
-	ImexChannel   *uint32 `protobuf:"varint,7,opt,name=imex_channel,json=imexChannel,proto3,oneof" json:"imex_channel,omitempty"`
+	ImexChannel *uint32 `protobuf:"varint,7,opt,name=imex_channel,json=imexChannel,proto3,oneof" json:"imex_channel,omitempty"`
+	// For StepStart: the agent narrows each task to its own binding
+	// (task_binding: slurm), so each task sends TaskBind before it execs.
+	TaskBind      bool `protobuf:"varint,17,opt,name=task_bind,json=taskBind,proto3" json:"task_bind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Response) Reset() {
 	*x = Response{}
-	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +814,7 @@ func (x *Response) String() string {
 func (*Response) ProtoMessage() {}
 
 func (x *Response) ProtoReflect() protoreflect.Message {
-	mi := &file_gpufence_v1_agent_proto_msgTypes[8]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +827,7 @@ func (x *Response) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Response.ProtoReflect.Descriptor instead.
 func (*Response) Descriptor() ([]byte, []int) {
-	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Response) GetError() string {
@@ -780,6 +879,13 @@ func (x *Response) GetImexChannel() uint32 {
 	return 0
 }
 
+func (x *Response) GetTaskBind() bool {
+	if x != nil {
+		return x.TaskBind
+	}
+	return false
+}
+
 // What the agent tells `gpufence verify`.
 type VerifyInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -809,7 +915,7 @@ type VerifyInfo struct {
 
 func (x *VerifyInfo) Reset() {
 	*x = VerifyInfo{}
-	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +927,7 @@ func (x *VerifyInfo) String() string {
 func (*VerifyInfo) ProtoMessage() {}
 
 func (x *VerifyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gpufence_v1_agent_proto_msgTypes[9]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +940,7 @@ func (x *VerifyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyInfo.ProtoReflect.Descriptor instead.
 func (*VerifyInfo) Descriptor() ([]byte, []int) {
-	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VerifyInfo) GetMode() string {
@@ -910,7 +1016,7 @@ type VerifyGPU struct {
 
 func (x *VerifyGPU) Reset() {
 	*x = VerifyGPU{}
-	mi := &file_gpufence_v1_agent_proto_msgTypes[10]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1028,7 @@ func (x *VerifyGPU) String() string {
 func (*VerifyGPU) ProtoMessage() {}
 
 func (x *VerifyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_gpufence_v1_agent_proto_msgTypes[10]
+	mi := &file_gpufence_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1041,7 @@ func (x *VerifyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyGPU.ProtoReflect.Descriptor instead.
 func (*VerifyGPU) Descriptor() ([]byte, []int) {
-	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_gpufence_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *VerifyGPU) GetIndex() uint32 {
@@ -956,7 +1062,7 @@ var File_gpufence_v1_agent_proto protoreflect.FileDescriptor
 
 const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x17gpufence/v1/agent.proto\x12\vgpufence.v1\"\xdd\x03\n" +
+	"\x17gpufence/v1/agent.proto\x12\vgpufence.v1\"\x93\x04\n" +
 	"\aRequest\x126\n" +
 	"\aversion\x18\x01 \x01(\x0e2\x1c.gpufence.v1.ProtocolVersionR\aversion\x127\n" +
 	"\n" +
@@ -970,7 +1076,8 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"\fverify_start\x18\x0e \x01(\v2\x18.gpufence.v1.VerifyStartH\x00R\vverifyStart\x127\n" +
 	"\n" +
 	"verify_end\x18\x0f \x01(\v2\x16.gpufence.v1.VerifyEndH\x00R\tverifyEnd\x12=\n" +
-	"\fstep_channel\x18\x10 \x01(\v2\x18.gpufence.v1.StepChannelH\x00R\vstepChannelB\x05\n" +
+	"\fstep_channel\x18\x10 \x01(\v2\x18.gpufence.v1.StepChannelH\x00R\vstepChannel\x124\n" +
+	"\ttask_bind\x18\x11 \x01(\v2\x15.gpufence.v1.TaskBindH\x00R\btaskBindB\x05\n" +
 	"\x03msg\"a\n" +
 	"\tJobProlog\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x10\n" +
@@ -1000,7 +1107,13 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"elapsed_us\x18\x03 \x01(\x04R\telapsedUs\"=\n" +
 	"\vStepChannel\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x17\n" +
-	"\astep_id\x18\x02 \x01(\rR\x06stepId\"\x92\x02\n" +
+	"\astep_id\x18\x02 \x01(\rR\x06stepId\"\x95\x01\n" +
+	"\bTaskBind\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\rR\x05jobId\x12\x17\n" +
+	"\astep_id\x18\x02 \x01(\rR\x06stepId\x12\x17\n" +
+	"\atask_id\x18\x03 \x01(\rR\x06taskId\x12,\n" +
+	"\x0fvisible_devices\x18\x04 \x01(\tH\x00R\x0evisibleDevices\x88\x01\x01B\x12\n" +
+	"\x10_visible_devices\"\xaf\x02\n" +
 	"\bResponse\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12\x12\n" +
 	"\x04gpus\x18\x02 \x03(\rR\x04gpus\x12.\n" +
@@ -1009,7 +1122,8 @@ const file_gpufence_v1_agent_proto_rawDesc = "" +
 	"stepCgroup\x12/\n" +
 	"\x06verify\x18\x05 \x01(\v2\x17.gpufence.v1.VerifyInfoR\x06verify\x12!\n" +
 	"\fimex_pending\x18\x06 \x01(\bR\vimexPending\x12&\n" +
-	"\fimex_channel\x18\a \x01(\rH\x00R\vimexChannel\x88\x01\x01B\x0f\n" +
+	"\fimex_channel\x18\a \x01(\rH\x00R\vimexChannel\x88\x01\x01\x12\x1b\n" +
+	"\ttask_bind\x18\x11 \x01(\bR\btaskBindB\x0f\n" +
 	"\r_imex_channel\"\x94\x02\n" +
 	"\n" +
 	"VerifyInfo\x12\x12\n" +
@@ -1043,7 +1157,7 @@ func file_gpufence_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_gpufence_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpufence_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_gpufence_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_gpufence_v1_agent_proto_goTypes = []any{
 	(ProtocolVersion)(0), // 0: gpufence.v1.ProtocolVersion
 	(*Request)(nil),      // 1: gpufence.v1.Request
@@ -1054,9 +1168,10 @@ var file_gpufence_v1_agent_proto_goTypes = []any{
 	(*VerifyStart)(nil),  // 6: gpufence.v1.VerifyStart
 	(*VerifyEnd)(nil),    // 7: gpufence.v1.VerifyEnd
 	(*StepChannel)(nil),  // 8: gpufence.v1.StepChannel
-	(*Response)(nil),     // 9: gpufence.v1.Response
-	(*VerifyInfo)(nil),   // 10: gpufence.v1.VerifyInfo
-	(*VerifyGPU)(nil),    // 11: gpufence.v1.VerifyGPU
+	(*TaskBind)(nil),     // 9: gpufence.v1.TaskBind
+	(*Response)(nil),     // 10: gpufence.v1.Response
+	(*VerifyInfo)(nil),   // 11: gpufence.v1.VerifyInfo
+	(*VerifyGPU)(nil),    // 12: gpufence.v1.VerifyGPU
 }
 var file_gpufence_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: gpufence.v1.Request.version:type_name -> gpufence.v1.ProtocolVersion
@@ -1067,13 +1182,14 @@ var file_gpufence_v1_agent_proto_depIdxs = []int32{
 	6,  // 5: gpufence.v1.Request.verify_start:type_name -> gpufence.v1.VerifyStart
 	7,  // 6: gpufence.v1.Request.verify_end:type_name -> gpufence.v1.VerifyEnd
 	8,  // 7: gpufence.v1.Request.step_channel:type_name -> gpufence.v1.StepChannel
-	10, // 8: gpufence.v1.Response.verify:type_name -> gpufence.v1.VerifyInfo
-	11, // 9: gpufence.v1.VerifyInfo.gpus:type_name -> gpufence.v1.VerifyGPU
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	9,  // 8: gpufence.v1.Request.task_bind:type_name -> gpufence.v1.TaskBind
+	11, // 9: gpufence.v1.Response.verify:type_name -> gpufence.v1.VerifyInfo
+	12, // 10: gpufence.v1.VerifyInfo.gpus:type_name -> gpufence.v1.VerifyGPU
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_gpufence_v1_agent_proto_init() }
@@ -1089,18 +1205,20 @@ func file_gpufence_v1_agent_proto_init() {
 		(*Request_VerifyStart)(nil),
 		(*Request_VerifyEnd)(nil),
 		(*Request_StepChannel)(nil),
+		(*Request_TaskBind)(nil),
 	}
 	file_gpufence_v1_agent_proto_msgTypes[1].OneofWrappers = []any{}
 	file_gpufence_v1_agent_proto_msgTypes[2].OneofWrappers = []any{}
 	file_gpufence_v1_agent_proto_msgTypes[5].OneofWrappers = []any{}
 	file_gpufence_v1_agent_proto_msgTypes[8].OneofWrappers = []any{}
+	file_gpufence_v1_agent_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpufence_v1_agent_proto_rawDesc), len(file_gpufence_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

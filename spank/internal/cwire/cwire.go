@@ -36,6 +36,7 @@ const (
 	MaxFrame        = C.GF_MAX_FRAME
 	CgroupLen       = C.GPUFENCE_CGROUP_LEN
 	RetryPause      = C.GF_RETRY_PAUSE_MS * time.Millisecond
+	GFTaskBindFrame = C.GF_TASK_BIND_FRAME
 )
 
 // cstr is s in malloc'd memory of its exact size; nil for nil.
@@ -88,6 +89,7 @@ type StepResult struct {
 	GPUs              []uint32
 	SlurmLocalIndices bool
 	IMEXPending       bool
+	TaskBind          bool
 	HasChannel        bool
 	Channel           uint32
 	StepCgroup        string
@@ -97,6 +99,7 @@ func stepResult(r *C.struct_gf_step_result) StepResult {
 	out := StepResult{
 		SlurmLocalIndices: r.slurm_local_indices != 0,
 		IMEXPending:       r.imex_pending != 0,
+		TaskBind:          r.task_bind != 0,
 		HasChannel:        r.has_channel != 0,
 		Channel:           uint32(r.channel),
 		StepCgroup:        C.GoString(&r.step_cgroup[0]),
@@ -141,6 +144,35 @@ func StepChannel(socket string, timeout time.Duration, jobID, stepID uint32) (ch
 		channel = &c
 	}
 	return channel, code, text
+}
+
+// TaskConnect runs gf_client_task_connect; fd is the connected socket
+// (-1 on failure), for TaskBind.
+func TaskConnect(socket string, timeout time.Duration) (fd int, code int, text string) {
+	cs := C.CString(socket)
+	defer free(cs)
+	cfd := (*C.int)(C.malloc(C.sizeof_int))
+	defer C.free(unsafe.Pointer(cfd))
+	code, text = call(func(err *C.char, n C.size_t) C.int {
+		return C.gf_client_task_connect(cs, ms(timeout), cfd, err, n)
+	})
+	return int(*cfd), code, text
+}
+
+// TaskBind runs gf_client_task_bind on fd (which it closes); visible nil:
+// CUDA_VISIBLE_DEVICES unset.
+func TaskBind(fd int, timeout time.Duration, jobID, stepID, taskID uint32, visible *string) (gpus []uint32, code int, text string) {
+	cv := cstr(visible)
+	defer free(cv)
+	res := (*C.struct_gf_task_result)(C.calloc(1, C.sizeof_struct_gf_task_result))
+	defer C.free(unsafe.Pointer(res))
+	code, text = call(func(err *C.char, n C.size_t) C.int {
+		return C.gf_client_task_bind(C.int(fd), ms(timeout), C.uint32_t(jobID), C.uint32_t(stepID), C.uint32_t(taskID), cv, res, err, n)
+	})
+	for i := 0; i < int(res.ngpus); i++ {
+		gpus = append(gpus, uint32(res.gpus[i]))
+	}
+	return gpus, code, text
 }
 
 // frame runs an encoder into a malloc'd buffer of capacity bytes; ok is
@@ -193,6 +225,15 @@ func StepChannelFrame(capacity int, jobID, stepID uint32) ([]byte, bool) {
 	})
 }
 
+// TaskBindFrame runs gf_wire_task_bind.
+func TaskBindFrame(capacity int, jobID, stepID, taskID uint32, visible *string) ([]byte, bool) {
+	cv := cstr(visible)
+	defer free(cv)
+	return frame(capacity, func(buf *C.uint8_t, n C.size_t) C.int {
+		return C.gf_wire_task_bind(buf, n, C.uint32_t(jobID), C.uint32_t(stepID), C.uint32_t(taskID), cv)
+	})
+}
+
 // Response is struct gf_response.
 type Response struct {
 	Error       string
@@ -202,6 +243,7 @@ type Response struct {
 	StepCgroup  string
 	IMEXPending bool
 	Channel     *uint32
+	TaskBind    bool
 }
 
 // ParseResponse runs gf_wire_parse_response on a malloc'd copy of b; ok is
@@ -225,6 +267,7 @@ func ParseResponse(b []byte) (r Response, ok bool) {
 	r.SlurmLocal = cr.slurm_local != 0
 	r.StepCgroup = C.GoStringN(cr.step_cgroup, C.int(cr.step_cgroup_len))
 	r.IMEXPending = cr.imex_pending != 0
+	r.TaskBind = cr.task_bind != 0
 	if cr.has_channel != 0 {
 		c := uint32(cr.channel)
 		r.Channel = &c

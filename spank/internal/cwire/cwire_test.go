@@ -56,6 +56,12 @@ func TestFramesMatchGenerated(t *testing.T) {
 			&pb.Request{Msg: &pb.Request_StepChannel{StepChannel: &pb.StepChannel{JobId: 7, StepId: 3}}}},
 		{"epilog of the highest job id", func() ([]byte, bool) { return JobEpilogFrame(64, 4294967295) },
 			&pb.Request{Msg: &pb.Request_JobEpilog{JobEpilog: &pb.JobEpilog{JobId: 4294967295}}}},
+		{"task bind", func() ([]byte, bool) { return TaskBindFrame(MaxFrame, 7, 3, 1, ptr("1")) },
+			&pb.Request{Msg: &pb.Request_TaskBind{TaskBind: &pb.TaskBind{JobId: 7, StepId: 3, TaskId: 1, VisibleDevices: ptr("1")}}}},
+		{"task bind, task 0 and an empty list", func() ([]byte, bool) { return TaskBindFrame(MaxFrame, 7, 3, 0, &empty) },
+			&pb.Request{Msg: &pb.Request_TaskBind{TaskBind: &pb.TaskBind{JobId: 7, StepId: 3, VisibleDevices: &empty}}}},
+		{"task bind without CUDA_VISIBLE_DEVICES", func() ([]byte, bool) { return TaskBindFrame(MaxFrame, 7, 0, 4294967295, nil) },
+			&pb.Request{Msg: &pb.Request_TaskBind{TaskBind: &pb.TaskBind{JobId: 7, TaskId: 4294967295}}}},
 		{"step 0 leaves the zero out", func() ([]byte, bool) { return StepChannelFrame(64, 7, 0) },
 			&pb.Request{Msg: &pb.Request_StepChannel{StepChannel: &pb.StepChannel{JobId: 7}}}},
 	}
@@ -109,7 +115,7 @@ func TestParseMatchesGenerated(t *testing.T) {
 	zero, high := uint32(0), uint32(2047)
 	for _, want := range []*pb.Response{
 		{}, {Error: "no"}, {Gpus: []uint32{3, 1, 4294967295}, SlurmLocalIndices: true, StepCgroup: "/system.slice/x_slurmstepd.scope/job_7/step_0"},
-		{ImexPending: true}, {ImexChannel: &zero}, {ImexChannel: &high},
+		{ImexPending: true}, {ImexChannel: &zero}, {ImexChannel: &high}, {TaskBind: true, Gpus: []uint32{0, 1}},
 		// gpufence verify's answer: a field the plugin never asks for, skipped.
 		{Gpus: []uint32{2}, Verify: &pb.VerifyInfo{Mode: "scope", CgroupId: 9, Gpus: []*pb.VerifyGPU{{Index: 0, Files: []string{"/dev/nvidia0"}}}}},
 	} {
@@ -150,7 +156,7 @@ func TestParseMatchesGenerated(t *testing.T) {
 
 func same(got Response, want *pb.Response) bool {
 	return got.Error == want.Error && slices.Equal(got.GPUs, want.Gpus) && got.SlurmLocal == want.SlurmLocalIndices &&
-		got.StepCgroup == want.StepCgroup && got.IMEXPending == want.ImexPending &&
+		got.StepCgroup == want.StepCgroup && got.IMEXPending == want.ImexPending && got.TaskBind == want.TaskBind &&
 		(got.Channel == nil) == (want.ImexChannel == nil) && (got.Channel == nil || *got.Channel == *want.ImexChannel)
 }
 
@@ -517,7 +523,7 @@ func TestMain(m *testing.M) {
 // of bounds (make fuzz runs it under -asan), and where both decoders
 // accept, they agree on every field the plugin uses.
 func FuzzParseResponse(f *testing.F) {
-	for _, r := range []*pb.Response{{Error: "x"}, {Gpus: []uint32{0, 3}, SlurmLocalIndices: true, StepCgroup: "/a/b"}} {
+	for _, r := range []*pb.Response{{Error: "x"}, {Gpus: []uint32{0, 3}, SlurmLocalIndices: true, StepCgroup: "/a/b"}, {TaskBind: true}} {
 		b, _ := proto.Marshal(r)
 		f.Add(b)
 	}
@@ -538,4 +544,81 @@ func FuzzParseResponse(f *testing.F) {
 			t.Fatalf("C %+v, generated %v", got, &want)
 		}
 	})
+}
+
+// TaskBind in its two halves over a real socket: connected first (as the
+// task child does in task_init_privileged), sent later on that connection,
+// read by the agent's decoder; the answer's GPUs come back sorted, unique.
+func TestTaskBind(t *testing.T) {
+	a := fakeagent.Start(t, ok(&pb.Response{Gpus: []uint32{3, 1, 3}}))
+	fd, code, text := TaskConnect(a.Socket, 5*time.Second)
+	if code != CodeOK || fd < 0 {
+		t.Fatalf("TaskConnect = %d, %d %q", fd, code, text)
+	}
+	if n := len(a.Requests()); n != 0 {
+		t.Fatalf("agent got %d requests before TaskBind was sent", n)
+	}
+	gpus, code, text := TaskBind(fd, 5*time.Second, 7, 3, 1, ptr("1,3"))
+	if code != CodeOK || text != "" || !slices.Equal(gpus, []uint32{1, 3}) {
+		t.Fatalf("TaskBind = %v, %d %q; want [1 3]", gpus, code, text)
+	}
+	want := &pb.Request{Version: pb.ProtocolVersion_PROTOCOL_VERSION_1,
+		Msg: &pb.Request_TaskBind{TaskBind: &pb.TaskBind{JobId: 7, StepId: 3, TaskId: 1, VisibleDevices: ptr("1,3")}}}
+	if reqs := a.Requests(); len(reqs) != 1 || !proto.Equal(reqs[0], want) {
+		t.Errorf("agent got %v, want %v", reqs, want)
+	}
+	// TaskBind closed the socket: the descriptor is free again.
+	if err := syscall.Close(fd); err == nil {
+		t.Errorf("fd %d still open after TaskBind", fd)
+	}
+}
+
+func TestTaskBindFailures(t *testing.T) {
+	if fd, code, text := TaskConnect(fakeagent.AbsentSocket(t), time.Second); code != CodeUnreachable || fd != -1 || !strings.Contains(text, "connect") {
+		t.Errorf("TaskConnect to nothing = %d, %d %q; want unreachable, fd -1", fd, code, text)
+	}
+	refuse := fakeagent.Start(t, ok(&pb.Response{Error: "step 7.3 task 1: not a task"}))
+	fd, code, _ := TaskConnect(refuse.Socket, time.Second)
+	if code != CodeOK {
+		t.Fatal(code)
+	}
+	if gpus, code, text := TaskBind(fd, time.Second, 7, 3, 1, ptr("0")); code != CodeRefused || text != "step 7.3 task 1: not a task" || gpus != nil {
+		t.Errorf("refused TaskBind = %v, %d %q", gpus, code, text)
+	}
+	hang := fakeagent.Start(t, func(*pb.Request) *pb.Response { return fakeagent.HangUp })
+	fd, code, _ = TaskConnect(hang.Socket, time.Second)
+	if code != CodeOK {
+		t.Fatal(code)
+	}
+	if _, code, text := TaskBind(fd, time.Second, 7, 3, 1, nil); code != CodeUnreachable || !strings.Contains(text, "without answering") {
+		t.Errorf("TaskBind to an agent that hangs up = %d %q", code, text)
+	}
+	silent := fakeagent.Start(t, func(*pb.Request) *pb.Response { return nil })
+	fd, code, _ = TaskConnect(silent.Socket, time.Second)
+	if code != CodeOK {
+		t.Fatal(code)
+	}
+	start := time.Now()
+	if _, code, text := TaskBind(fd, 300*time.Millisecond, 7, 3, 1, nil); code != CodeUnreachable || text != "no answer within 300ms" {
+		t.Errorf("TaskBind to a silent agent = %d %q", code, text)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("TaskBind waited %v for a 300ms timeout (no second try: it cannot connect again)", d)
+	}
+	if _, code, _ := TaskBind(-1, time.Second, 7, 3, 1, nil); code != CodeInvalid {
+		t.Errorf("TaskBind on fd -1 = %d, want invalid", code)
+	}
+	// A value over the frame is refused unsent, and the socket closed.
+	many := strings.Repeat("1,", GFTaskBindFrame)
+	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(pair[1])
+	if _, code, text := TaskBind(pair[0], time.Second, 7, 3, 1, &many); code != CodeInvalid || !strings.Contains(text, "too long") {
+		t.Errorf("TaskBind with a value over the frame = %d %q", code, text)
+	}
+	if n, err := syscall.Read(pair[1], make([]byte, 1)); n != 0 || err != nil {
+		t.Errorf("peer read %d bytes, %v; want EOF (nothing sent, socket closed)", n, err)
+	}
 }
