@@ -377,6 +377,26 @@ func TestPrivilegedPyxisEnroot(t *testing.T) {
 			if order.name != "pyxis-after-gpufence" {
 				return
 			}
+			// With every GPU's node in the container, CUDA must number only
+			// the one that opens: gpufence renumbers CUDA_VISIBLE_DEVICES
+			// to the step's positions, as Slurm does under ConstrainDevices
+			// (without either, the container's CUDA would take Slurm's
+			// global index for a position among the four it sees).
+			t.Run("not-gpu-0", func(t *testing.T) {
+				release := st.hold(t, 1)
+				defer release()
+				name := fmt.Sprintf("ctr-second-%d", n)
+				run := st.containerJob(t, name, srun(name, []string{"--gres=gpu:1"}, probe(devs...)))
+				mustOK(t, run.res)
+				if len(run.gpus) != 1 || run.gpus[0] == 0 {
+					t.Fatalf("job %d holds %v, want one GPU other than GPU 0 (held by another job)", run.job, run.gpus)
+				}
+				expectCtr(t, run, devs)
+				if got := run.rep.Env["CUDA_VISIBLE_DEVICES"]; got != "0" {
+					t.Errorf("job on GPU %d: CUDA_VISIBLE_DEVICES=%q in the container, want 0 (the one GPU it can open)", run.gpus[0], got)
+				}
+				t.Logf("job on GPU %v: CUDA_VISIBLE_DEVICES=%s in the container, %s", run.gpus, run.rep.Env["CUDA_VISIBLE_DEVICES"], expectNoneGained(t, run, devs))
+			})
 			// The job user names --container-mounts: a foreign GPU bound
 			// under another name is still that GPU (the filter keys on
 			// major:minor, not on the path).
