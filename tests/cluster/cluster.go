@@ -115,6 +115,7 @@ type state struct {
 	AutoDetect   bool     `json:"autodetect,omitempty"`  // SetAutoDetect
 	IMEXMajor    uint32   `json:"imex_major,omitempty"`  // SetIMEX
 	Shared       string   `json:"shared,omitempty"`      // SetShared
+	ExtraPATH    []string `json:"extra_path,omitempty"`  // SetExtraPATH
 	// Scope is the scope slurmd made (known once it started); the
 	// candidates are the names it may choose (with and without the node
 	// name, as Slurm is built with or without multiple-slurmd support).

@@ -278,10 +278,14 @@ func (c *Cluster) SlurmdPath() string {
 // pathEnv is the PATH of the cluster's processes: the release's own bin
 // folders first (a batch script's srun is the release's), then the usual.
 func (c *Cluster) pathEnv() string {
-	if c.st.Kind == string(slurmrel.KindSource) {
-		return "PATH=" + filepath.Join(c.st.Prefix, "bin") + ":" + filepath.Join(c.st.Prefix, "sbin") + ":" + defaultPATH
+	extra := ""
+	for _, d := range c.st.ExtraPATH {
+		extra += d + ":"
 	}
-	return "PATH=" + defaultPATH
+	if c.st.Kind == string(slurmrel.KindSource) {
+		return "PATH=" + filepath.Join(c.st.Prefix, "bin") + ":" + filepath.Join(c.st.Prefix, "sbin") + ":" + extra + defaultPATH
+	}
+	return "PATH=" + extra + defaultPATH
 }
 
 // ToolPATH is the PATH value under which a tool on this host (the agent's
