@@ -22,7 +22,9 @@ line=$(awk -v f="$base" '$2 == f || $2 == "*" f' "$sums")
 (cd "$(dirname "$tarball")" && printf '%s\n' "$line" | sha256sum --quiet -c -) ||
 	{ echo "build-source: $base does not match $sums" >&2; exit 1; }
 sum=${line%% *}
-recipe=r1
+# r2: --enable-multiple-slurmd (several slurmd on one host, `slurmd -N`,
+# for the multi-node harness; Debian's packages are built with it too).
+recipe=r2
 key=$name-${sum:0:16}-$recipe
 mkdir -p "$cache"
 dest=$cache/$key
@@ -43,7 +45,9 @@ start=$(date +%s)
 	tar -xf "$tarball" -C "$src"
 	cd "$src/$name"
 	# No static libraries: libtool would compile every file twice.
-	./configure --prefix="$prefix" --sysconfdir="$prefix/etc" --disable-debug --disable-static
+	# --enable-multiple-slurmd: the multi-node test cluster runs one slurmd
+	# per node on this host; it also names the scope <node>_slurmstepd.scope.
+	./configure --prefix="$prefix" --sysconfdir="$prefix/etc" --disable-debug --disable-static --enable-multiple-slurmd
 	make -j"$(nproc)"
 	make install
 } >"$log" 2>&1 || { echo "build-source: $name failed, see $log" >&2; tail -20 "$log" >&2; exit 1; }
