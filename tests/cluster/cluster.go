@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package cluster runs a real single-node Slurm on this machine for
-// end-to-end tests: munged, slurmctld and slurmd started by PID, fake GPU
-// device nodes under the cluster's own folder, and cleanup of exactly the
-// processes, cgroups and files the harness created. The Slurm release is
+// Package cluster runs a real Slurm on this machine for end-to-end tests,
+// one node or several (Options.Nodes, multinode.go): munged, slurmctld and
+// slurmd started by PID, fake GPU device nodes under the cluster's own
+// folder, and cleanup of exactly the processes, cgroups and files the
+// harness created. The Slurm release is
 // Debian 12's 22.05 packages unless Options.Slurm (or $GPUFENCE_SLURM) names
 // another one of packaging/slurm-releases: a source build in
 // ParallelCluster's prefix layout, or a Debian suite's packages run chrooted
@@ -131,7 +132,7 @@ type state struct {
 	Nodes []*NodeState `json:"nodes,omitempty"`
 }
 
-// Cluster is a running single-node Slurm.
+// Cluster is a running Slurm: one node, or several slurmd on this host.
 type Cluster struct {
 	st   state
 	logf func(string, ...any)
