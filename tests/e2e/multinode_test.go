@@ -649,6 +649,41 @@ func TestPrivilegedMultiNode(t *testing.T) {
 		m.expectExact(t, "sbatch -N2 gpn1, extern cancelled: batch", a, m.reports(t, "extern-batch", 1))
 	})
 	t.Run("one slurmd killed", func(t *testing.T) { m.slurmdKilled(t) })
+	t.Run("no entries left", func(t *testing.T) { m.noEntriesLeft(t) })
+}
+
+// noEntriesLeft: once every job ended, each node's filter holds only its
+// two exempt entries (system and slurmd): no node's agent kept a policy
+// of a job step, its own or another node's.
+func (m *mnSuite) noEntriesLeft(t *testing.T) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		q := m.c.Run(m.ctx, "", "squeue", "-h")
+		if strings.TrimSpace(q.Stdout) == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("jobs left after 60 s:\n%s", q.Stdout)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, n := range m.c.Nodes() {
+		scope, err := m.c.NodeScopeDir(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got int
+		for {
+			if got, err = policyEntries(scope); err == nil && got == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%s: %d policy entries (%v) after every job ended, want the 2 exempt ones", n, got, err)
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
 }
 
 // slurmdKilled: a job's tasks on both nodes probe every GPU in rounds while
