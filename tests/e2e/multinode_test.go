@@ -650,6 +650,31 @@ func TestPrivilegedMultiNode(t *testing.T) {
 	})
 	t.Run("one slurmd killed", func(t *testing.T) { m.slurmdKilled(t) })
 	t.Run("no entries left", func(t *testing.T) { m.noEntriesLeft(t) })
+	t.Run("audit records validate", func(t *testing.T) {
+		var files []string
+		for _, n := range m.c.Nodes() {
+			files = append(files, filepath.Join(m.c.Root(), "logs", "audit-"+n+".jsonl"))
+		}
+		// Each agent flushes every 500 ms; it has records of this test's
+		// steps by now, or soon.
+		deadline := time.Now().Add(10 * time.Second)
+		for _, f := range files {
+			for fi, err := os.Stat(f); err != nil || fi.Size() == 0; fi, err = os.Stat(f) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: no audit record (%v)", f, err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		n, err := (&suite{auditFiles: files}).checkAuditSchema()
+		if err != nil {
+			t.Error(err)
+		}
+		if n == 0 {
+			t.Errorf("no audit record in %v", files)
+		}
+		t.Logf("%d audit records of the two agents validate", n)
+	})
 }
 
 // noEntriesLeft: once every job ended, each node's filter holds only its
