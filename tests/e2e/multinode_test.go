@@ -501,6 +501,29 @@ func TestPrivilegedMultiNode(t *testing.T) {
 		both(t, tasks)
 		m.expectExact(t, "srun -N2 --gres=gpu:1", a, tasks)
 	})
+	t.Run("srun -N2 --gres=gpu:1 beside a job on n2", func(t *testing.T) {
+		// A job holding two GPUs of n2 makes the next job's indices
+		// differ per node: a list of one node applied on the other shows
+		// by index, not only by minor.
+		hold := filepath.Join(m.ctl, "beside-release")
+		r := m.c.Run(m.ctx, user, "sbatch", "--parsable", "-N1", "-w", "n2", "--gres=gpu:2", "-o", "/dev/null",
+			"--wrap", m.probe+" beside-holder "+hold)
+		mustOK(t, r)
+		holder := strings.TrimSpace(r.Stdout)
+		defer func() {
+			os.WriteFile(hold, nil, 0o644)
+			m.c.WaitJob(m.ctx, holder)
+		}()
+		m.waitFiles(t, filepath.Join(m.work, "beside-holder.*[0-9]"), 1, func() string { return "" })
+		a, tasks := m.srunHeld(t, "beside", 2, nil, "-N2", "--gres=gpu:1")
+		both(t, tasks)
+		if a0 := a[tasks[0].job]; slices.Equal(a0["n1"], a0["n2"]) {
+			t.Errorf("slurmctld gave the job the same indices on both nodes (%v) though n2's first two were held", a0)
+		}
+		m.expectExact(t, "srun -N2 gpu:1 beside gpu:2@n2", a, tasks)
+		ha := m.allocationOf(t, holder)
+		m.expectExact(t, "sbatch gpu:2@n2 (the holder)", ha, m.reports(t, "beside-holder", 1))
+	})
 	t.Run("srun -N2 --gpus-per-node=2", func(t *testing.T) {
 		a, tasks := m.srunHeld(t, "gpn2", 2, nil, "-N2", "--gpus-per-node=2")
 		both(t, tasks)
