@@ -257,6 +257,9 @@ func (m *mnSuite) waitFiles(t *testing.T, glob string, n int, what func() string
 // node → indices in that node's gres.conf order.
 type allocation map[string]map[string][]int
 
+// ctldText keeps what scontrol printed for each job, for failure messages.
+var ctldText = map[string]string{}
+
 var (
 	ctldJobID    = regexp.MustCompile(`(?m)^JobId=(\d+) `)
 	ctldNodeLine = regexp.MustCompile(`(?m)^\s+Nodes=(\S+) CPU_IDs=\S+ Mem=\S+(?: GRES=(\S*))?`)
@@ -296,6 +299,7 @@ func (m *mnSuite) allocationOf(t *testing.T, jobs ...string) allocation {
 				t.Fatalf("scontrol shows no node of job %s:\n%s", jm[1], rec)
 			}
 			a[jm[1]] = per
+			ctldText[jm[1]] = rec
 		}
 	}
 	return a
@@ -354,7 +358,7 @@ func (m *mnSuite) expectExact(t *testing.T, shape string, a allocation, tasks []
 		got := m.opened(t, tk)
 		slices.Sort(want)
 		if !slices.Equal(got, want) {
-			t.Errorf("%s: %s (job %s step %s) opened GPUs %v, slurmctld allocated %v on %s", shape, tk.node, tk.job, tk.step, got, want, tk.node)
+			t.Errorf("%s: %s (job %s step %s) opened GPUs %v, slurmctld allocated %v on %s:\n%s", shape, tk.node, tk.job, tk.step, got, want, tk.node, ctldText[tk.job])
 		}
 		m.row(shape, tk, got)
 	}
@@ -505,7 +509,7 @@ func TestPrivilegedMultiNode(t *testing.T) {
 		// A job holding two GPUs of n2 makes the next job's indices
 		// differ per node: a list of one node applied on the other shows
 		// by index, not only by minor.
-		hold := filepath.Join(m.ctl, "beside-release")
+		hold := filepath.Join(m.ctl, "beside-holder-release")
 		r := m.c.Run(m.ctx, user, "sbatch", "--parsable", "-N1", "-w", "n2", "--gres=gpu:2", "-o", "/dev/null",
 			"--wrap", m.probe+" beside-holder "+hold)
 		mustOK(t, r)
@@ -515,13 +519,13 @@ func TestPrivilegedMultiNode(t *testing.T) {
 			m.c.WaitJob(m.ctx, holder)
 		}()
 		m.waitFiles(t, filepath.Join(m.work, "beside-holder.*[0-9]"), 1, func() string { return "" })
+		ha := m.allocationOf(t, holder)
 		a, tasks := m.srunHeld(t, "beside", 2, nil, "-N2", "--gres=gpu:1")
 		both(t, tasks)
 		if a0 := a[tasks[0].job]; slices.Equal(a0["n1"], a0["n2"]) {
 			t.Errorf("slurmctld gave the job the same indices on both nodes (%v) though n2's first two were held", a0)
 		}
 		m.expectExact(t, "srun -N2 gpu:1 beside gpu:2@n2", a, tasks)
-		ha := m.allocationOf(t, holder)
 		m.expectExact(t, "sbatch gpu:2@n2 (the holder)", ha, m.reports(t, "beside-holder", 1))
 	})
 	t.Run("srun -N2 --gpus-per-node=2", func(t *testing.T) {
