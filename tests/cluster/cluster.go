@@ -116,11 +116,14 @@ type state struct {
 	JobIDPaths   bool     `json:"job_id_paths,omitempty"`
 	SLUID        bool     `json:"sluid,omitempty"`
 	PCluster     bool     `json:"pcluster,omitempty"`
-	Namespace    bool     `json:"namespace,omitempty"`   // namespace/linux on (SetNamespace)
-	FakeDriver   bool     `json:"fake_driver,omitempty"` // SetFakeDriver
-	AutoDetect   bool     `json:"autodetect,omitempty"`  // SetAutoDetect
-	IMEXMajor    uint32   `json:"imex_major,omitempty"`  // SetIMEX
-	Shared       string   `json:"shared,omitempty"`      // SetShared
+	// MultiSlurmd: this Slurm is built with multiple-slurmd support
+	// (Debian's packages; a source build's multislurmd variant).
+	MultiSlurmd bool   `json:"multi_slurmd,omitempty"`
+	Namespace   bool   `json:"namespace,omitempty"`   // namespace/linux on (SetNamespace)
+	FakeDriver  bool   `json:"fake_driver,omitempty"` // SetFakeDriver
+	AutoDetect  bool   `json:"autodetect,omitempty"`  // SetAutoDetect
+	IMEXMajor   uint32 `json:"imex_major,omitempty"`  // SetIMEX
+	Shared      string `json:"shared,omitempty"`      // SetShared
 	// Scope is the scope slurmd made (known once it started); the
 	// candidates are the names it may choose (with and without the node
 	// name, as Slurm is built with or without multiple-slurmd support).
