@@ -37,6 +37,16 @@ func (c *Cluster) prepareCgroups() error {
 		filepath.Join(slice, c.st.Host+"_slurmstepd.scope"),
 		filepath.Join(slice, "slurmstepd.scope"),
 	}
+	if c.multiNode() {
+		// Only the nodes' own: the host's scopes are a single-node
+		// cluster's, which may start while this one is up (gfcluster
+		// up holds no lock once it returned), and Stop removes what
+		// appeared under a candidate since Start.
+		c.st.ScopeCandidates = nil
+		for _, n := range c.st.Nodes {
+			c.st.ScopeCandidates = append(c.st.ScopeCandidates, filepath.Join(slice, n.Name+"_slurmstepd.scope"))
+		}
+	}
 	c.st.ScopesBefore = map[string][]string{}
 	c.st.ScopeExisted = map[string]bool{}
 	// Checked before CgroupMount is recorded: Stop cleans cgroups only once

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package cluster runs a real single-node Slurm on this machine for
-// end-to-end tests: munged, slurmctld and slurmd started by PID, fake GPU
-// device nodes under the cluster's own folder, and cleanup of exactly the
-// processes, cgroups and files the harness created. The Slurm release is
+// Package cluster runs a real Slurm on this machine for end-to-end tests,
+// one node or several (Options.Nodes, multinode.go): munged, slurmctld and
+// slurmd started by PID, fake GPU device nodes under the cluster's own
+// folder, and cleanup of exactly the processes, cgroups and files the
+// harness created. The Slurm release is
 // Debian 12's 22.05 packages unless Options.Slurm (or $GPUFENCE_SLURM) names
 // another one of packaging/slurm-releases: a source build in
 // ParallelCluster's prefix layout, or a Debian suite's packages run chrooted
@@ -22,6 +23,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,6 +57,10 @@ type Options struct {
 	// Binds are folders of this host that a release run from a Debian root
 	// must see too (an installed package's root); Root always is.
 	Binds []string
+	// Nodes is the number of slurmd, each a node of its own with GPUs GPUs
+	// and its own scope and device minors (multinode.go); 0 or 1: one node
+	// named after the host.
+	Nodes int
 	Logf  func(string, ...any)
 }
 
@@ -110,12 +116,15 @@ type state struct {
 	JobIDPaths   bool     `json:"job_id_paths,omitempty"`
 	SLUID        bool     `json:"sluid,omitempty"`
 	PCluster     bool     `json:"pcluster,omitempty"`
-	Namespace    bool     `json:"namespace,omitempty"`   // namespace/linux on (SetNamespace)
-	FakeDriver   bool     `json:"fake_driver,omitempty"` // SetFakeDriver
-	AutoDetect   bool     `json:"autodetect,omitempty"`  // SetAutoDetect
-	IMEXMajor    uint32   `json:"imex_major,omitempty"`  // SetIMEX
-	Shared       string   `json:"shared,omitempty"`      // SetShared
-	ExtraPATH    []string `json:"extra_path,omitempty"`  // SetExtraPATH
+	// MultiSlurmd: this Slurm is built with multiple-slurmd support
+	// (Debian's packages; a source build's multislurmd variant).
+	MultiSlurmd bool     `json:"multi_slurmd,omitempty"`
+	Namespace   bool     `json:"namespace,omitempty"`   // namespace/linux on (SetNamespace)
+	FakeDriver  bool     `json:"fake_driver,omitempty"` // SetFakeDriver
+	AutoDetect  bool     `json:"autodetect,omitempty"`  // SetAutoDetect
+	IMEXMajor   uint32   `json:"imex_major,omitempty"`  // SetIMEX
+	Shared      string   `json:"shared,omitempty"`      // SetShared
+	ExtraPATH   []string `json:"extra_path,omitempty"`  // SetExtraPATH
 	// Scope is the scope slurmd made (known once it started); the
 	// candidates are the names it may choose (with and without the node
 	// name, as Slurm is built with or without multiple-slurmd support).
@@ -123,9 +132,11 @@ type state struct {
 	ScopeCandidates []string            `json:"scope_candidates"`
 	ScopesBefore    map[string][]string `json:"scopes_before"` // cgroups under each candidate before Start
 	ScopeExisted    map[string]bool     `json:"scope_existed"`
+	// Nodes are the slurmd of a multi-node cluster (Slurmd is nil then).
+	Nodes []*NodeState `json:"nodes,omitempty"`
 }
 
-// Cluster is a running single-node Slurm.
+// Cluster is a running Slurm: one node, or several slurmd on this host.
 type Cluster struct {
 	st   state
 	logf func(string, ...any)
@@ -164,6 +175,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if o.MIG && o.GPUs != migGPUs {
 		return nil, fmt.Errorf("MIG layout needs GPUs=%d (one whole GPU and %d slices), not %d", migGPUs, len(MIGSlices), o.GPUs)
 	}
+	if err := checkNodes(o, c.st.Kind); err != nil {
+		return nil, err
+	}
 	if c.lock, err = takeLock(ctx); err != nil {
 		return nil, err
 	}
@@ -194,6 +208,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err := c.makeRoot(o.Root); err != nil {
 		return c, err
 	}
+	if err := c.initNodes(o.Nodes); err != nil {
+		return c, err
+	}
 	if err := c.makeTree(); err != nil {
 		return c, err
 	}
@@ -204,6 +221,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return c, err
 	}
 	if c.st.CtldPort, c.st.SlurmdPort, err = pickPorts(); err != nil {
+		return c, err
+	}
+	if err := c.nodePorts(); err != nil {
 		return c, err
 	}
 	if err := c.writeConfigs(); err != nil {
@@ -348,7 +368,7 @@ func (c *Cluster) makeTree() error {
 	if err := os.MkdirAll(c.path("dev/nvidia-caps"), 0o755); err != nil {
 		return err
 	}
-	for _, d := range append(fakeDevices(c.st.GPUs), fakeCapsDevices(c.st.CapsMajor)...) {
+	for _, d := range append(fakeDevices(c.st.GPUs*max(1, len(c.st.Nodes))), fakeCapsDevices(c.st.CapsMajor)...) {
 		p := c.path("dev/" + d.Name)
 		dev := int((d.Major << 8) | (d.Minor & 0xff) | ((d.Minor &^ 0xff) << 12))
 		if err := syscall.Mknod(p, syscall.S_IFCHR|0o666, dev); err != nil {
@@ -433,7 +453,7 @@ func (c *Cluster) params() confParams {
 		ClusterName: "gpufence", SlurmUser: "slurm", KillWaitSecs: 5,
 		Release: c.st.Release, Slice: c.st.Slice, JobIDPaths: c.st.JobIDPaths, PCluster: c.st.PCluster,
 		Namespace: c.st.Namespace, FakeDriver: c.st.FakeDriver, AutoDetect: c.st.AutoDetect, IMEXMajor: c.st.IMEXMajor,
-		Shared: c.st.Shared,
+		Shared: c.st.Shared, Nodes: c.confNodes(),
 	}
 }
 
@@ -526,6 +546,9 @@ func (c *Cluster) startSlurmctld() error {
 // RestartSlurmdBusy restarts slurmd while jobs run (their slurmstepds keep
 // running) and waits until it answers and the node is up again.
 func (c *Cluster) RestartSlurmdBusy() error {
+	if c.multiNode() {
+		return errors.New("RestartSlurmdBusy restarts the one slurmd of a single-node cluster: use KillSlurmd and StartSlurmd per node")
+	}
 	if err := c.st.Slurmd.Stop(); err != nil {
 		return fmt.Errorf("stop slurmd: %w", err)
 	}
@@ -558,6 +581,9 @@ func (c *Cluster) RestartSlurmdBusy() error {
 }
 
 func (c *Cluster) startSlurmd(ctx context.Context) error {
+	if c.multiNode() {
+		return c.startNodes(ctx)
+	}
 	env := c.baseEnv()
 	if c.st.Hybrid {
 		env = append(env, "LD_PRELOAD="+c.shimPath())
@@ -604,7 +630,11 @@ func (c *Cluster) waitIdle(ctx context.Context, timeout time.Duration) error {
 // diag is the tail of every daemon log, for error messages.
 func (c *Cluster) diag() string {
 	var parts []string
-	for _, rel := range []string{"logs/munged.log", "logs/slurmctld.out", "logs/slurmctld.log", "logs/slurmd.out", "logs/slurmd.log"} {
+	rels := []string{"logs/munged.log", "logs/slurmctld.out", "logs/slurmctld.log", "logs/slurmd.out", "logs/slurmd.log"}
+	for _, n := range c.st.Nodes {
+		rels = append(rels, "logs/slurmd-"+n.Name+".out", "logs/slurmd-"+n.Name+".log")
+	}
+	for _, rel := range rels {
 		parts = append(parts, tail(c.path(rel), 15))
 	}
 	return strings.Join(parts, "\n")
@@ -866,7 +896,7 @@ func (c *Cluster) LogPath(name string) string { return c.path("logs/" + name) }
 // Daemons returns the processes the cluster started (agents included).
 func (c *Cluster) Daemons() []*Process {
 	var ps []*Process
-	for _, p := range append([]*Process{c.st.Munged, c.st.Slurmctld, c.st.Slurmd}, c.st.Agents...) {
+	for _, p := range append(append([]*Process{c.st.Munged, c.st.Slurmctld, c.st.Slurmd}, c.nodeSlurmds()...), c.st.Agents...) {
 		if p != nil {
 			ps = append(ps, p)
 		}
@@ -1057,10 +1087,11 @@ func moduleRoot() (string, error) {
 // and, unless Keep, the files the harness created.
 func (c *Cluster) Stop() error {
 	var errs []error
-	if c.st.Slurmctld.Alive() && c.st.Slurmd.Alive() {
+	slurmds := append([]*Process{c.st.Slurmd}, c.nodeSlurmds()...)
+	if c.st.Slurmctld.Alive() && slices.ContainsFunc(slurmds, (*Process).Alive) {
 		errs = append(errs, c.cancelJobs())
 	}
-	for _, p := range []*Process{c.st.Slurmd, c.st.Slurmctld} {
+	for _, p := range append(slurmds, c.st.Slurmctld) {
 		if p != nil {
 			errs = append(errs, p.Stop())
 		}

@@ -36,6 +36,17 @@ type confParams struct {
 	AutoDetect   bool   // gres.conf AutoDetect=nvml alone, fake_gpus.conf (SetAutoDetect)
 	IMEXMajor    uint32 // SwitchType=switch/nvidia_imex with this imex_dev_major (SetIMEX); 0: off
 	Shared       string // gres/shard or gres/mps next to gres/gpu (SetShared): "", "shard" or "mps"
+	// Nodes are the slurmd of a multi-node cluster (multinode.go), each
+	// with GPUs GPUs of its own; empty: one node named Host.
+	Nodes []confNode
+}
+
+// confNode is one node of a multi-node cluster: its name (slurmd -N), its
+// SlurmdPort and the device minor of its GPU 0.
+type confNode struct {
+	Name       string
+	Port       int
+	FirstMinor int
 }
 
 // atLeast reports whether the files are for Slurm v (major.minor) or newer.
@@ -64,11 +75,24 @@ func renderSlurmConf(p confParams) string {
 	line("SlurmctldPort=%d", p.CtldPort)
 	line("SlurmdPort=%d", p.SlurmdPort)
 	line("StateSaveLocation=%s", p.path("state/ctld"))
-	line("SlurmdSpoolDir=%s", p.path("state/d"))
+	if len(p.Nodes) > 0 {
+		// One slurmd per node on this host: %n is the node's name.
+		line("SlurmdSpoolDir=%s", p.path("state/d/%n"))
+	} else {
+		line("SlurmdSpoolDir=%s", p.path("state/d"))
+	}
 	line("SlurmctldPidFile=%s", p.path("run/slurmctld.pid"))
-	line("SlurmdPidFile=%s", p.path("run/slurmd.pid"))
+	if len(p.Nodes) > 0 {
+		line("SlurmdPidFile=%s", p.path("run/slurmd-%n.pid"))
+	} else {
+		line("SlurmdPidFile=%s", p.path("run/slurmd.pid"))
+	}
 	line("SlurmctldLogFile=%s", p.path("logs/slurmctld.log"))
-	line("SlurmdLogFile=%s", p.path("logs/slurmd.log"))
+	if len(p.Nodes) > 0 {
+		line("SlurmdLogFile=%s", p.path("logs/slurmd-%n.log"))
+	} else {
+		line("SlurmdLogFile=%s", p.path("logs/slurmd.log"))
+	}
 	if p.IMEXMajor != 0 {
 		// switch/nvidia_imex logs each channel it hands out at debug level
 		// ("allocating channel N to JobId=J"): the channel a job should
@@ -141,8 +165,19 @@ func renderSlurmConf(p confParams) string {
 		// tests to compare with what the SPANK plugin's job_prolog sees.
 		line("Prolog=%s", p.path(PrologEnvScript))
 	}
-	line("NodeName=%s NodeAddr=127.0.0.1 CPUs=%d Gres=%s State=UNKNOWN", p.Host, p.CPUs, gres)
-	line("PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=%s", p.Host, oversubscribe)
+	if len(p.Nodes) > 0 {
+		// Several slurmd on this host (multiple-slurmd): each its own
+		// NodeName and port, all at this host's address.
+		var names []string
+		for _, n := range p.Nodes {
+			line("NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 Port=%d CPUs=%d Gres=%s State=UNKNOWN", n.Name, p.Host, n.Port, p.CPUs, gres)
+			names = append(names, n.Name)
+		}
+		line("PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=%s", strings.Join(names, ","), oversubscribe)
+	} else {
+		line("NodeName=%s NodeAddr=127.0.0.1 CPUs=%d Gres=%s State=UNKNOWN", p.Host, p.CPUs, gres)
+		line("PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=%s", p.Host, oversubscribe)
+	}
 	if p.Namespace {
 		// namespace/linux (Slurm 25.11) reads namespace.yaml beside slurm.conf.
 		line("NamespaceType=namespace/linux")
@@ -169,6 +204,9 @@ func renderGresConf(p confParams) string {
 		// As ParallelCluster writes it: gres.conf includes the file its
 		// node daemon generates.
 		return fmt.Sprintf("# Written by the gpufence test harness as AWS ParallelCluster writes it.\ninclude %s\n", p.path("etc/"+pclusterGresFile))
+	}
+	if len(p.Nodes) > 0 {
+		return renderNodesGres(p, "")
 	}
 	gpu := fmt.Sprintf("Name=gpu File=%s/dev/nvidia[0-%d]\n", p.Root, p.GPUs-1)
 	if p.Shared == "" {
@@ -217,6 +255,9 @@ const pclusterGresFile = "pcluster/slurm_parallelcluster_gres.conf"
 // renderPClusterGres is ParallelCluster's generated line for the node:
 // NodeName=, Name=gpu, Type=, File=/dev/nvidia[0-N].
 func renderPClusterGres(p confParams) string {
+	if len(p.Nodes) > 0 {
+		return renderNodesGres(p, " Type="+PClusterGPUType)
+	}
 	gpu := fmt.Sprintf("NodeName=%s Name=gpu Type=%s File=%s/dev/nvidia[0-%d]\n", p.Host, PClusterGPUType, p.Root, p.GPUs-1)
 	if p.Shared == "" {
 		return gpu

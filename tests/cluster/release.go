@@ -43,6 +43,11 @@ func (c *Cluster) setRelease(ctx context.Context, o Options) (*slurmrel.Install,
 	if err != nil {
 		return nil, err
 	}
+	if o.Nodes > 1 && sel.Release.Tarball() != "" {
+		// Several slurmd on one host need a multiple-slurmd build, which
+		// is not ParallelCluster's: its own build, never the plain one.
+		sel.Release.MultiSlurmd = true
+	}
 	in, err := slurmrel.Ensure(ctx, sel.Release, c.logf)
 	if err != nil {
 		return nil, err
@@ -58,6 +63,7 @@ func (c *Cluster) setRelease(ctx context.Context, o Options) (*slurmrel.Install,
 	c.st.JobIDPaths = sel.JobIDPaths
 	c.st.SLUID = sel.SLUIDJobDirs()
 	c.st.PCluster = sel.PCluster || o.PCluster
+	c.st.MultiSlurmd = sel.Release.MultiSlurmd || in.Kind != slurmrel.KindSource
 	c.st.Binds = o.Binds
 	return in, nil
 }
@@ -372,6 +378,11 @@ func (c *Cluster) Selection() string { return c.st.Slurm }
 
 // Kind says where the daemons come from: host, source or debroot.
 func (c *Cluster) Kind() string { return c.st.Kind }
+
+// MultiSlurmd reports whether this Slurm is built with multiple-slurmd
+// support: its scope is then <node>_slurmstepd.scope, else
+// slurmstepd.scope (SchedMD's default build, ParallelCluster's).
+func (c *Cluster) MultiSlurmd() bool { return c.st.MultiSlurmd }
 
 // AtLeast reports whether the cluster runs Slurm v (major.minor) or newer.
 func (c *Cluster) AtLeast(v string) bool {

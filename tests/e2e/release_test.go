@@ -38,9 +38,10 @@ func (st *suite) newestRunning(t *testing.T) string {
 }
 
 // TestPrivilegedReleaseLayout: the scope is where this release puts it
-// (system.slice or CgroupSlice; <node>_slurmstepd.scope for Debian's
-// packages, which are built with multiple-slurmd support, slurmstepd.scope
-// for a plain source build), the agent attached its filter there and
+// (system.slice or CgroupSlice; <node>_slurmstepd.scope for a Slurm built
+// with multiple-slurmd support, Debian's packages and the multislurmd
+// source builds, slurmstepd.scope for a plain source build as SchedMD and
+// ParallelCluster ship it), the agent attached its filter there and
 // `gpufence status` finds it, job cgroups are named as the release names them
 // (job_<id>, or the job's SLUID on 26.05 unless CgroupJobIdPaths=yes), and
 // `gpufence doctor` describes the same layout.
@@ -49,7 +50,7 @@ func TestPrivilegedReleaseLayout(t *testing.T) {
 	c := st.c
 	scope := c.ScopeDir()
 	wantName := "slurmstepd.scope"
-	if c.Kind() != "source" {
+	if c.MultiSlurmd() {
 		wantName = c.Hostname() + "_slurmstepd.scope"
 	}
 	if filepath.Base(scope) != wantName || filepath.Base(filepath.Dir(scope)) != c.Slice() {

@@ -40,6 +40,20 @@ func CacheDir() string { return filepath.Join(debroot.CacheBase(), "slurm") }
 type Release struct {
 	Version string // major.minor, e.g. 25.11
 	Source  string // debian:SUITE or src:TARBALL
+	// MultiSlurmd builds a src: release with --enable-multiple-slurmd
+	// (several slurmd on one host, `slurmd -N`, for the multi-node test
+	// cluster), a build of its own beside the plain one. The plain build
+	// is SchedMD's default and ParallelCluster's: its scope is
+	// slurmstepd.scope, without the node name.
+	MultiSlurmd bool
+}
+
+// buildFlavour is build-source.sh's third argument for the release.
+func (r Release) buildFlavour() string {
+	if r.MultiSlurmd {
+		return "multislurmd"
+	}
+	return "plain"
 }
 
 // Suite is the Debian suite of a debian: release, else "".
@@ -256,8 +270,8 @@ func Ensure(ctx context.Context, r Release, logf func(string, ...any)) (*Install
 	if err != nil {
 		return nil, err
 	}
-	logf("Slurm %s: source build of %s (cached in %s; minutes when not built yet)", r.Version, r.Tarball(), CacheDir())
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "tests", "slurmrel", "build-source.sh"), filepath.Join(dir, r.Tarball()), CacheDir())
+	logf("Slurm %s: %s source build of %s (cached in %s; minutes when not built yet)", r.Version, r.buildFlavour(), r.Tarball(), CacheDir())
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "tests", "slurmrel", "build-source.sh"), filepath.Join(dir, r.Tarball()), CacheDir(), r.buildFlavour())
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -338,6 +352,9 @@ const TestSlice = "gpufence_test.slice"
 //	26.05+jobidpaths  CgroupJobIdPaths=yes: job_<id> job cgroups, not SLUIDs (26.05 and newer)
 //	23.11+pcluster    AWS ParallelCluster's files: plugstack.conf including
 //	                  plugstack.conf.d/*, its gres.conf lines, no ConstrainDevices
+//	25.11+multislurmd the source build with --enable-multiple-slurmd (a
+//	                  multi-node cluster picks it by itself); its scope is
+//	                  <node>_slurmstepd.scope
 //
 // Variants combine: 25.11+pcluster+slice.
 type Selection struct {
@@ -373,8 +390,13 @@ func Select(s string) (Selection, error) {
 			sel.JobIDPaths = true
 		case "pcluster":
 			sel.PCluster = true
+		case "multislurmd":
+			if r.Tarball() == "" {
+				return Selection{}, fmt.Errorf("%s: multislurmd is a source build's variant; Debian's packages are built with multiple-slurmd already", s)
+			}
+			sel.Release.MultiSlurmd = true
 		default:
-			return Selection{}, fmt.Errorf("%s: unknown variant %q (known: slice, jobidpaths, pcluster)", s, v)
+			return Selection{}, fmt.Errorf("%s: unknown variant %q (known: slice, jobidpaths, pcluster, multislurmd)", s, v)
 		}
 	}
 	return sel, nil
@@ -420,7 +442,11 @@ func Cached(r Release) (*Install, bool) {
 	}
 	name := strings.TrimSuffix(r.Tarball(), filepath.Ext(r.Tarball()))
 	name = strings.TrimSuffix(name, ".tar")
-	standIn := filepath.Join(CacheDir(), fmt.Sprintf("%s-%x-%s", name, h.Sum(nil)[:8], m[1]))
+	key := fmt.Sprintf("%s-%x-%s", name, h.Sum(nil)[:8], m[1])
+	if r.MultiSlurmd {
+		key += "-multislurmd"
+	}
+	standIn := filepath.Join(CacheDir(), key)
 	b, err := os.ReadFile(filepath.Join(standIn, ".built"))
 	if err != nil {
 		return nil, false

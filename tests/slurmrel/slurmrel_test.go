@@ -56,17 +56,21 @@ func TestListAndSelect(t *testing.T) {
 		"25.11+slice":      {Name: "25.11+slice", Slice: TestSlice},
 		"26.05+jobidpaths": {Name: "26.05+jobidpaths", JobIDPaths: true},
 		"23.11+pcluster":   {Name: "23.11+pcluster", PCluster: true},
+		"25.11+pcluster+multislurmd": {Name: "25.11+pcluster+multislurmd", PCluster: true,
+			Release: Release{MultiSlurmd: true}},
 	} {
 		got, err := Select(sel)
-		if err != nil || got.Name != want.Name || got.Slice != want.Slice || got.JobIDPaths != want.JobIDPaths || got.PCluster != want.PCluster {
+		if err != nil || got.Name != want.Name || got.Slice != want.Slice || got.JobIDPaths != want.JobIDPaths || got.PCluster != want.PCluster ||
+			got.Release.MultiSlurmd != want.Release.MultiSlurmd {
 			t.Errorf("Select(%q) = %+v, %v", sel, got, err)
 		}
 	}
 	for sel, want := range map[string]string{
-		"24.05+slice":      "CgroupSlice exists from Slurm 25.11",
-		"25.11+jobidpaths": "CgroupJobIdPaths exists from Slurm 26.05",
-		"25.11+x":          "unknown variant",
-		"21.08":            "not in packaging/slurm-releases",
+		"24.05+slice":       "CgroupSlice exists from Slurm 25.11",
+		"25.11+jobidpaths":  "CgroupJobIdPaths exists from Slurm 26.05",
+		"25.11+x":           "unknown variant",
+		"22.05+multislurmd": "built with multiple-slurmd already",
+		"21.08":             "not in packaging/slurm-releases",
 	} {
 		if _, err := Select(sel); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Select(%q) = %v, want %q", sel, err, want)

@@ -81,7 +81,8 @@ func logf(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
 func up(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("up", flag.ExitOnError)
 	root := fs.String("root", "", "work folder (default: a new folder under /var/tmp)")
-	gpus := fs.Int("gpus", 4, "number of fake GPUs")
+	gpus := fs.Int("gpus", 4, "number of fake GPUs (per node)")
+	nodes := fs.Int("nodes", 1, "number of slurmd, each a node of its own (n1, n2, …; see tests/cluster/multinode.go)")
 	constrain := fs.Bool("constrain-devices", false, "cgroup.conf ConstrainDevices=yes (Slurm's own device filter)")
 	slurm := fs.String("slurm", "", "the Slurm release, e.g. 25.11 or 26.05+jobidpaths (default: $GPUFENCE_SLURM, else 22.05; see tests/slurmrel)")
 	var plugstack, extra multi
@@ -99,7 +100,7 @@ func up(ctx context.Context, args []string) error {
 	}
 	t0 := time.Now()
 	c, err := cluster.Start(ctx, cluster.Options{
-		Root: *root, GPUs: *gpus, ConstrainDevices: *constrain, Slurm: *slurm,
+		Root: *root, GPUs: *gpus, Nodes: *nodes, ConstrainDevices: *constrain, Slurm: *slurm,
 		Plugstack: plugstack, ExtraSlurmConf: extra, Logf: logf,
 	})
 	if err != nil {
@@ -119,7 +120,7 @@ func up(ctx context.Context, args []string) error {
 	}
 	logf("cluster up in %s (%s); Slurm %s (%s); job user %s; fake GPUs %s; gf-open in %s/bin",
 		c.Root(), time.Since(t0).Round(time.Millisecond), c.SlurmVersion(), c.Kind(), cluster.TestUser,
-		strings.Join(c.DevPaths(), " "), c.Root())
+		strings.Join(c.AllDevPaths(), " "), c.Root())
 	fmt.Printf("export %s PATH=%s\n", strings.Join(c.Env(), " "), c.ToolPATH())
 	return nil
 }

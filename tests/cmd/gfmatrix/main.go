@@ -120,10 +120,11 @@ func prepareAll(sels []string) int {
 			code = 1
 			continue
 		}
-		if seen[sel.Release.Version] {
+		key := fmt.Sprint(sel.Release.Version, sel.Release.MultiSlurmd)
+		if seen[key] {
 			continue
 		}
-		seen[sel.Release.Version] = true
+		seen[key] = true
 		_, cached := slurmrel.Cached(sel.Release)
 		t0 := time.Now()
 		in, err := slurmrel.Ensure(context.Background(), sel.Release, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gfmatrix: "+f+"\n", a...) })
