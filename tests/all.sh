@@ -14,21 +14,30 @@
 # GPUFENCE_CI_SLURM_RUN: go test -run for those releases (default: the
 #   isolation scenarios, both ConstrainDevices modes, the release's layout
 #   and device program, agent down, and issue 18's attacks on the node
-#   around the filter and shard/mps jobs: about 2 min more on 25.11); empty:
-#   the whole suite.
+#   around the filter and shard/mps jobs; issue 19's multi-node cluster
+#   (on the release's multislurmd build, prepared below), ConstrainDevices
+#   differential suite and pyxis/enroot jobs); empty: the whole suite.
+#   Apptainer and task_binding run on 22.05 only (make test-all).
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/deps.sh
 releases=${GPUFENCE_CI_SLURM-25.11+pcluster}
-run=${GPUFENCE_CI_SLURM_RUN-'^TestPrivileged(Isolation|ConstrainDevices|ReleaseLayout|SlurmDeviceProgramAttached|InteractiveStep|AgentDown|AttackMetricsExhaustion|PluginSocketSurvivesEMFILE|HealthzSocketActivated|AttackMetricsLeakAuthenticated|PlantedScopeE2E|AttackAdoptSlowSlurmctld|AttackExeSpoof|SbcastForeignGPU|SharedGPUs)$'}
+run=${GPUFENCE_CI_SLURM_RUN-'^TestPrivileged(Isolation|ConstrainDevices|ReleaseLayout|SlurmDeviceProgramAttached|InteractiveStep|AgentDown|AttackMetricsExhaustion|PluginSocketSurvivesEMFILE|HealthzSocketActivated|AttackMetricsLeakAuthenticated|PlantedScopeE2E|AttackAdoptSlowSlurmctld|AttackExeSpoof|SbcastForeignGPU|SharedGPUs|MultiNode|ConstrainDevicesOracle|PyxisEnroot)$'}
 t0=$SECONDS
 if [ -n "$releases" ]; then
 	# The source builds first, alone (a build uses every core), so that no
 	# test runs next to one.
-	go run ./tests/cmd/gfmatrix -prepare $releases
+	# -multislurmd: the multi-node cluster runs several slurmd on one host,
+	# which needs each source release's multiple-slurmd build too.
+	go run ./tests/cmd/gfmatrix -prepare -multislurmd $releases
 	echo "all: Slurm $releases ready in $((SECONDS - t0)) s" >&2
 fi
+# enroot and Apptainer from their release sources, once per machine
+# (tests/containers; pyxis is built per release by the tests, in seconds).
+t1=$SECONDS
+go run ./tests/cmd/gfmatrix -prepare -containers 22.05
+echo "all: container runtimes ready in $((SECONDS - t1)) s" >&2
 make check-generated
 t1=$SECONDS
 make test-all

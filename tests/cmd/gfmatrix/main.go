@@ -4,12 +4,16 @@
 // release and prints a table of scenario × release (`make e2e-matrix`):
 //
 //	gfmatrix [-out FILE] [-run REGEX] [-timeout 40m] SELECTION...
-//	gfmatrix -prepare SELECTION...   (build or fetch the releases only)
+//	gfmatrix -prepare [-multislurmd] [-containers] SELECTION...   (build or fetch the releases only)
 //
 // A SELECTION is a tests/slurmrel release with its variant (22.05, 25.11,
 // 25.11+slice, 26.05+jobidpaths, 23.11+pcluster). Each release's daemons are
 // made ready first (a source build, once per machine, or a debootstrap
-// root) and that time is reported apart from the suite's. The table and
+// root) and that time is reported apart from the suite's; -multislurmd
+// also builds each source release's multiple-slurmd variant, which the
+// multi-node cluster runs on; -containers
+// also builds enroot and Apptainer (tests/containers; pyxis is built per
+// release by the tests, in seconds). The table and
 // every test's result go to FILE as JSON. Exit status 1 when any test failed
 // or a run did not complete. Needs root, like the suite.
 package main
@@ -29,6 +33,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpufence/gpufence/tests/containers"
 	"github.com/gpufence/gpufence/tests/slurmrel"
 )
 
@@ -71,6 +76,8 @@ func main() {
 	runRe := flag.String("run", "", "go test -run for each release (default: every test)")
 	timeout := flag.Duration("timeout", 40*time.Minute, "go test -timeout for each release")
 	prepare := flag.Bool("prepare", false, "only make each release's daemons ready (source builds, Debian roots), say how long each took, and exit")
+	withMulti := flag.Bool("multislurmd", false, "with -prepare: build each source release's multislurmd variant too (the multi-node cluster's)")
+	withContainers := flag.Bool("containers", false, "with -prepare: build enroot and Apptainer from their release sources too (tests/containers)")
 	flag.Parse()
 	sels := flag.Args()
 	if len(sels) == 0 {
@@ -83,7 +90,11 @@ func main() {
 		os.Exit(1)
 	}
 	if *prepare {
-		os.Exit(prepareAll(sels))
+		code := prepareAll(sels, *withMulti)
+		if *withContainers && prepareContainers() != 0 {
+			code = 1
+		}
+		os.Exit(code)
 	}
 	m := &Matrix{Started: time.Now().UTC()}
 	ok := true
@@ -110,16 +121,25 @@ func main() {
 
 // prepareAll makes every selection's release ready, one after the other
 // (each source build uses every core), and reports the time each took.
-func prepareAll(sels []string) int {
+func prepareAll(names []string, multi bool) int {
 	code := 0
 	seen := map[string]bool{}
-	for _, name := range sels {
+	var sels []slurmrel.Selection
+	for _, name := range names {
 		sel, err := slurmrel.Select(name)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "gfmatrix:", err)
 			code = 1
 			continue
 		}
+		sels = append(sels, sel)
+		if multi && sel.Release.Tarball() != "" && !sel.Release.MultiSlurmd {
+			sel.Name += "+multislurmd"
+			sel.Release.MultiSlurmd = true
+			sels = append(sels, sel)
+		}
+	}
+	for _, sel := range sels {
 		key := fmt.Sprint(sel.Release.Version, sel.Release.MultiSlurmd)
 		if seen[key] {
 			continue
@@ -133,8 +153,26 @@ func prepareAll(sels []string) int {
 			code = 1
 			continue
 		}
-		fmt.Printf("Slurm %s ready (%s) in %.0f s (cached before: %v; source build took %d s)\n",
-			sel.Release.Version, in.Kind, time.Since(t0).Seconds(), cached, in.BuildSeconds)
+		fmt.Printf("Slurm %s (%s) ready (%s) in %.0f s (cached before: %v; source build took %d s)\n",
+			sel.Release.Version, sel.Name, in.Kind, time.Since(t0).Seconds(), cached, in.BuildSeconds)
+	}
+	return code
+}
+
+// prepareContainers builds the container runtimes the e2e suite runs
+// (tests/containers), one after the other, and reports the time each took.
+func prepareContainers() int {
+	code := 0
+	logf := func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gfmatrix: "+f+"\n", a...) }
+	for _, what := range []string{"enroot", "apptainer"} {
+		t0 := time.Now()
+		b, err := containers.Ensure(context.Background(), what, "", logf)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "gfmatrix: %s: %v\n", what, err)
+			code = 1
+			continue
+		}
+		fmt.Printf("%s ready in %.0f s (built now: %v; the build took %d s)\n", what, time.Since(t0).Seconds(), b.Fresh, b.Seconds)
 	}
 	return code
 }
