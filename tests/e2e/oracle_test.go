@@ -87,7 +87,6 @@ var bindingShapes = []string{
 	"srun -n2 --gres=gpu:2 --gpu-bind=single:1",
 	"srun -n2 --gres=gpu:2 --gpu-bind=map_gpu:1,0",
 	"srun -n2 --gpus=2 --gpu-bind=per_task:1",
-	"srun -n2 --gpus-per-task=1, GPU 0 held",
 }
 
 // oracleKnown is the table of documented differences (docs/security.md,
@@ -342,12 +341,14 @@ func TestOracleExplain(t *testing.T) {
 type oracleShape struct {
 	Name   string
 	Layout string // plain, shard, mps, mig
+	Kind   string // srun, sbatch, salloc
 	// Job is the job's own options; Steps the options of each srun step
 	// started in it (batch and salloc shapes), or of the one srun (srun
 	// shapes).
-	Kind   string // srun, sbatch, salloc
-	Job    []string
-	Steps  [][]string
+	Job   []string
+	Steps [][]string
+	// Env is set in srun's or sbatch's environment: forged GPU variables.
+	Env    []string
 	Extern bool // salloc: probe from the extern step too (pam_slurm_adopt's way in)
 	// Hold is the number of whole GPUs another job holds meanwhile, so that
 	// this job's allocation does not start at GPU 0.
@@ -379,17 +380,18 @@ func oracleShapes() []oracleShape {
 		srun("mig", "--gres=gpu:a100:1"),
 	}
 	for _, b := range bindingShapes {
-		if f, held := strings.CutSuffix(b, ", GPU 0 held"); held {
-			s := srun("plain", strings.Fields(f)[1:]...)
-			s.Name, s.Hold = b, 1
-			sh = append(sh, s)
-			continue
-		}
 		sh = append(sh, srun("plain", strings.Fields(b)[1:]...))
 	}
+	// One core each for the holder and the job: this machine has two, so
+	// no two-task shape runs beside a holder.
 	held := srun("plain", "--gres=gpu:1")
 	held.Name, held.Hold = "srun --gres=gpu:1, GPUs 0-1 held", 2
-	sh = append(sh, held,
+	forged := srun("plain", "--gres=gpu:1")
+	forged.Name, forged.Hold = "srun --gres=gpu:1, GPUs 0-1 held, forged variables", 2
+	forged.Env = forgedGPUVars
+	forgedBatch := oracleShape{Name: "sbatch --gres=gpu:1, GPU 0 held, forged variables, step", Layout: "plain", Kind: "sbatch",
+		Job: []string{"--gres=gpu:1"}, Steps: [][]string{{}}, Hold: 1, Env: forgedGPUVars}
+	sh = append(sh, held, forged, forgedBatch,
 		oracleShape{Name: "sbatch --gres=gpu:2, GPU 0 held, steps gpu:1 and all", Layout: "plain", Kind: "sbatch", Job: []string{"--gres=gpu:2"},
 			Steps: [][]string{{"--gres=gpu:1"}, {}}, Hold: 1},
 		oracleShape{Name: "sbatch --gres=shard:5, GPUs 0-2 held", Layout: "shard", Kind: "sbatch", Job: []string{"--gres=shard:5"},
@@ -399,11 +401,14 @@ func oracleShapes() []oracleShape {
 	return sh
 }
 
+// forgedGPUVars claim every GPU of the node.
+var forgedGPUVars = []string{"SLURM_JOB_GPUS=0,1,2,3", "SLURM_STEP_GPUS=0,1,2,3", "CUDA_VISIBLE_DEVICES=0,1,2,3", "GPU_DEVICE_ORDINAL=0,1,2,3"}
+
 // oracleRun is one run of the suite on one cluster.
 type oracleRun struct {
 	st *suite
-	// paths are every device each task probes; records the gres files of
-	// the current layout.
+	// paths are every device each task probes; records[layout] the files
+	// of each gres record of that layout, in gres.conf order.
 	paths   []string
 	records map[string][][]string
 	// results[layout][shape][column][unit] are the labels that opened.
@@ -518,7 +523,7 @@ func (o *oracleRun) runShape(t *testing.T, sh oracleShape, column string) {
 		args = append(args, "sh", "-c", gate+"; exec "+probe)
 		var r cluster.Result
 		done := make(chan struct{})
-		go func() { defer close(done); r = st.c.Run(st.ctx, user, "srun", args...) }()
+		go func() { defer close(done); r = st.c.RunEnv(st.ctx, user, sh.Env, "srun", args...) }()
 		started(done)
 		if _, err := os.Stat(filepath.Join(dir, "started")); err == nil {
 			id, alloc, detail = st.oracleAlloc(t, name)
@@ -536,7 +541,7 @@ func (o *oracleRun) runShape(t *testing.T, sh oracleShape, column string) {
 		if err := os.WriteFile(f, []byte(script), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		r := st.c.Run(st.ctx, user, "sbatch", append(append([]string{"--parsable", "-J", name, "-o", dir + "/slurm.out"}, sh.Job...), f)...)
+		r := st.c.RunEnv(st.ctx, user, sh.Env, "sbatch", append(append([]string{"--parsable", "-J", name, "-o", dir + "/slurm.out"}, sh.Job...), f)...)
 		mustOK(t, r)
 		jid := strings.TrimSpace(strings.Split(r.Stdout, ";")[0])
 		t.Cleanup(func() { st.c.Run(st.ctx, "", "scancel", jid) })
@@ -859,7 +864,7 @@ func TestPrivilegedConstrainDevicesOracle(t *testing.T) {
 	var diffs []oracleDiff
 	var table strings.Builder
 	fmt.Fprintf(&table, "Slurm %s: devices each task opened; #N is position N of the job's allocation (slurmctld)\n", st.c.SlurmVersion())
-	fmt.Fprintf(&table, "%-6s %-46s %-34s %-22s", "layout", "shape", "task", "allocation")
+	fmt.Fprintf(&table, "%-6s %-58s %-34s %-10s", "layout", "shape", "task", "allocation")
 	for _, c := range columns {
 		fmt.Fprintf(&table, " %-16s", c)
 	}
@@ -883,7 +888,7 @@ func TestPrivilegedConstrainDevicesOracle(t *testing.T) {
 			}
 			for _, u := range sortedKeys(res[colConstrain]) {
 				tasks++
-				fmt.Fprintf(&table, "%-6s %-46s %-34s %-22s", layout, sh.Name, u, o.allocs[layout][sh.Name][colConstrain])
+				fmt.Fprintf(&table, "%-6s %-58s %-34s %-10s", layout, sh.Name, u, o.allocs[layout][sh.Name][colConstrain])
 				for _, c := range columns {
 					var g []string
 					for _, l := range sortedKeys(res[c][u]) {
