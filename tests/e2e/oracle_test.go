@@ -44,6 +44,9 @@ type oracleDiff struct {
 	Label               string // "#N" (position N of the allocation), a gres file outside it, or a device name
 	Gres                bool   // Label is one of the layout's gres.conf files
 	Constrain           bool   // it opened under ConstrainDevices (and not under Column)
+	// Shared: under Column the task ran in its step's shared
+	// user/task_special cgroup, not in one of its own.
+	Shared bool
 }
 
 func (d oracleDiff) String() string {
@@ -67,7 +70,11 @@ type oracleKnownDiff struct {
 	// Constrain is the side that opens: true, ConstrainDevices opens what
 	// gpufence denies.
 	Constrain bool
-	Reason    string
+	// Shared limits the entry to tasks that ran in their step's shared
+	// cgroup under the gpufence column; it can go stale only in a run
+	// that had such a task.
+	Shared bool
+	Reason string
 }
 
 func (k oracleKnownDiff) matches(d oracleDiff) bool {
@@ -76,6 +83,7 @@ func (k oracleKnownDiff) matches(d oracleDiff) bool {
 		slices.Contains(k.Columns, d.Column) &&
 		k.Gres == d.Gres && (k.Gres || slices.Contains(k.Devices, d.Label)) &&
 		(!k.Own || strings.HasPrefix(d.Label, "#")) &&
+		(!k.Shared || d.Shared) &&
 		k.Constrain == d.Constrain
 }
 
@@ -97,6 +105,13 @@ var oracleKnown = []oracleKnownDiff{
 		Reason: "task_binding: step (the default) gives every task of a step the step's GPUs; ConstrainDevices narrows each task to " +
 			"its bound GPU. NCCL and CUDA IPC between the tasks of a node need the other tasks' GPUs, and the ParallelCluster " +
 			"users this is for run without ConstrainDevices today",
+	},
+	{
+		Name: "task_binding: slurm without a task cgroup", Shapes: bindingShapes, Columns: []string{colSlurmBind},
+		Gres: true, Own: true, Shared: true, Constrain: false,
+		Reason: "ConstrainDevices makes a cgroup per task; Slurm's cgroup/v2 otherwise makes one only when cgroup.conf " +
+			"constrains memory (or cores from 25.05) or jobacct_gather/cgroup runs, else every task of a step shares " +
+			"user/task_special and task_binding: slurm has nothing to narrow: each task keeps its step's GPUs",
 	},
 	{
 		Name: "GPU minors not in gres.conf", Columns: []string{colGpufence, colSlurmBind}, Devices: []string{"nvidia9"}, Constrain: true,
@@ -146,7 +161,9 @@ func sliceCaps() []uint32 {
 
 // oracleExplain sorts differences into explained and not, and returns the
 // known entries that explained none.
-func oracleExplain(known []oracleKnownDiff, diffs []oracleDiff, columns []string, layouts, shapes map[string]bool) (unexplained []oracleDiff, used map[string]int, stale []string) {
+// shared says whether a task of shape ran in its step's shared cgroup
+// under column.
+func oracleExplain(known []oracleKnownDiff, diffs []oracleDiff, columns []string, layouts, shapes map[string]bool, shared func(column, shape string) bool) (unexplained []oracleDiff, used map[string]int, stale []string) {
 	used = map[string]int{}
 	for _, d := range diffs {
 		i := slices.IndexFunc(known, func(k oracleKnownDiff) bool { return k.matches(d) })
@@ -157,7 +174,7 @@ func oracleExplain(known []oracleKnownDiff, diffs []oracleDiff, columns []string
 		used[known[i].Name]++
 	}
 	for _, k := range known {
-		if used[k.Name] > 0 || !oracleApplies(k, columns, layouts, shapes) {
+		if used[k.Name] > 0 || !oracleApplies(k, columns, layouts, shapes, shared) {
 			continue
 		}
 		stale = append(stale, k.Name)
@@ -167,21 +184,30 @@ func oracleExplain(known []oracleKnownDiff, diffs []oracleDiff, columns []string
 
 // oracleApplies says whether a run covered some of what k is about: a run
 // without the column, layout or shape cannot show that k went stale.
-func oracleApplies(k oracleKnownDiff, columns []string, layouts, shapes map[string]bool) bool {
+func oracleApplies(k oracleKnownDiff, columns []string, layouts, shapes map[string]bool, shared func(column, shape string) bool) bool {
 	hit := func(want []string, ran map[string]bool) bool {
 		if want == nil {
 			return len(ran) > 0
 		}
 		return slices.ContainsFunc(want, func(s string) bool { return ran[s] })
 	}
+	sharedHit := !k.Shared
+	for _, c := range k.Columns {
+		for sh := range shapes {
+			if k.Shapes == nil || slices.Contains(k.Shapes, sh) {
+				sharedHit = sharedHit || shared(c, sh)
+			}
+		}
+	}
 	return slices.ContainsFunc(k.Columns, func(c string) bool { return slices.Contains(columns, c) }) &&
-		hit(k.Layouts, layouts) && hit(k.Shapes, shapes)
+		hit(k.Layouts, layouts) && hit(k.Shapes, shapes) && sharedHit
 }
 
 // oracleCompare lists the differences between the constrain column and
 // another one: per unit, the labels that opened in only one of them. A
-// unit present in one column only is an error.
-func oracleCompare(layout, shape, column string, constrain, other map[string]map[string]bool, gres func(string) bool) ([]oracleDiff, error) {
+// unit present in one column only is an error. shared says which units
+// ran in their step's shared cgroup under column.
+func oracleCompare(layout, shape, column string, constrain, other map[string]map[string]bool, gres func(string) bool, shared map[string]bool) ([]oracleDiff, error) {
 	var diffs []oracleDiff
 	for u := range other {
 		if _, ok := constrain[u]; !ok {
@@ -196,7 +222,7 @@ func oracleCompare(layout, shape, column string, constrain, other map[string]map
 		c := constrain[u]
 		for _, l := range sortedKeys(union(c, o)) {
 			if c[l] != o[l] {
-				diffs = append(diffs, oracleDiff{Layout: layout, Shape: shape, Unit: u, Column: column, Label: l, Gres: gres(l), Constrain: c[l]})
+				diffs = append(diffs, oracleDiff{Layout: layout, Shape: shape, Unit: u, Column: column, Label: l, Gres: gres(l), Constrain: c[l], Shared: shared[u]})
 			}
 		}
 	}
@@ -291,48 +317,66 @@ func TestOracleExplain(t *testing.T) {
 	known := []oracleKnownDiff{
 		{Name: "binding", Shapes: []string{"bind"}, Columns: []string{colGpufence}, Gres: true, Own: true},
 		{Name: "ctl", Columns: []string{colGpufence}, Devices: []string{"nvidia9"}, Constrain: true},
+		{Name: "shared", Shapes: []string{"bind"}, Columns: []string{colSlurmBind}, Gres: true, Own: true, Shared: true},
 	}
 	cons := map[string]map[string]bool{"task 0": set("#0", "nvidia9"), "task 1": set("#1", "nvidia9")}
 	bound := map[string]map[string]bool{"task 0": set("#0", "#1"), "task 1": set("#0", "#1")}
 	same := map[string]map[string]bool{"task 0": set("#0"), "task 1": set("#1")}
 	shapes := map[string]bool{"bind": true}
+	noShared := func(string, string) bool { return false }
 	layouts := map[string]bool{"plain": true}
 
-	d, err := oracleCompare("plain", "bind", colGpufence, cons, bound, gres)
+	d, err := oracleCompare("plain", "bind", colGpufence, cons, bound, gres, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	un, used, stale := oracleExplain(known, d, []string{colGpufence}, layouts, shapes)
+	un, used, stale := oracleExplain(known, d, []string{colGpufence}, layouts, shapes, noShared)
 	if len(d) != 4 || len(un) != 0 || used["binding"] != 2 || used["ctl"] != 2 || len(stale) != 0 {
 		t.Errorf("binding differences: %v unexplained %v used %v stale %v", d, un, used, stale)
 	}
 	// The binding no longer differs: its entry is stale.
-	d, _ = oracleCompare("plain", "bind", colGpufence, cons, same, gres)
-	if _, _, stale = oracleExplain(known, d, []string{colGpufence}, layouts, shapes); !slices.Equal(stale, []string{"binding"}) {
+	d, _ = oracleCompare("plain", "bind", colGpufence, cons, same, gres, nil)
+	if _, _, stale = oracleExplain(known, d, []string{colGpufence}, layouts, shapes, noShared); !slices.Equal(stale, []string{"binding"}) {
 		t.Errorf("stale %v, want [binding]", stale)
 	}
 	// The same difference in another column, or the other way round, is
 	// not explained.
-	d, _ = oracleCompare("plain", "bind", colSlurmBind, cons, bound, gres)
-	if un, _, _ = oracleExplain(known, d, []string{colSlurmBind}, layouts, shapes); len(un) != 4 {
+	d, _ = oracleCompare("plain", "bind", colSlurmBind, cons, bound, gres, nil)
+	if un, _, _ = oracleExplain(known, d, []string{colSlurmBind}, layouts, shapes, noShared); len(un) != 4 {
 		t.Errorf("task_binding: slurm differences %v unexplained %v, want all 4", d, un)
 	}
-	d, _ = oracleCompare("plain", "bind", colGpufence, bound, cons, gres)
-	if un, _, _ = oracleExplain(known, d, []string{colGpufence}, layouts, shapes); len(un) != 4 {
+	d, _ = oracleCompare("plain", "bind", colGpufence, bound, cons, gres, nil)
+	if un, _, _ = oracleExplain(known, d, []string{colGpufence}, layouts, shapes, noShared); len(un) != 4 {
 		t.Errorf("reversed differences %v unexplained %v, want all 4", d, un)
 	}
 	// A GPU outside the allocation in a binding shape is no binding
 	// matter.
 	wide := map[string]map[string]bool{"task 0": set("#0", "nvidia3", "nvidia9"), "task 1": set("#1", "nvidia9")}
-	d, _ = oracleCompare("plain", "bind", colGpufence, cons, wide, func(l string) bool { return gres(l) || l == "nvidia3" })
-	if un, _, _ = oracleExplain(known, d, []string{colGpufence}, layouts, shapes); len(un) != 1 || un[0].Label != "nvidia3" {
+	d, _ = oracleCompare("plain", "bind", colGpufence, cons, wide, func(l string) bool { return gres(l) || l == "nvidia3" }, nil)
+	if un, _, _ = oracleExplain(known, d, []string{colGpufence}, layouts, shapes, noShared); len(un) != 1 || un[0].Label != "nvidia3" {
 		t.Errorf("a foreign GPU in a binding shape: unexplained %v, want nvidia3 only", un)
 	}
-	if _, err := oracleCompare("plain", "bind", colGpufence, cons, map[string]map[string]bool{"task 0": set()}, gres); err == nil {
+	if _, err := oracleCompare("plain", "bind", colGpufence, cons, map[string]map[string]bool{"task 0": set()}, gres, nil); err == nil {
 		t.Error("a unit missing from one column compared without error")
 	}
+	// task_binding: slurm: a task in its step's shared cgroup is
+	// explained, one in a cgroup of its own is not; the entry goes stale
+	// only in a run that had a task in the shared cgroup.
+	d, _ = oracleCompare("plain", "bind", colSlurmBind, cons, bound, gres, map[string]bool{"task 0": true})
+	un, used, _ = oracleExplain(known, d, []string{colSlurmBind}, layouts, shapes, noShared)
+	if len(un) != 3 || used["shared"] != 1 {
+		t.Errorf("task_binding: slurm, task 0 shared: unexplained %v used %v, want task 0's #1 explained", un, used)
+	}
+	d, _ = oracleCompare("plain", "bind", colSlurmBind, cons, same, gres, nil)
+	if _, _, stale = oracleExplain(known, d, []string{colSlurmBind}, layouts, shapes, noShared); len(stale) != 0 {
+		t.Errorf("stale %v with no task in a shared cgroup", stale)
+	}
+	sharedRan := func(c, sh string) bool { return c == colSlurmBind && sh == "bind" }
+	if _, _, stale = oracleExplain(known, d, []string{colSlurmBind}, layouts, shapes, sharedRan); !slices.Equal(stale, []string{"shared"}) {
+		t.Errorf("stale %v, want [shared]: a task in the shared cgroup opened its own GPU only", stale)
+	}
 	// A column the run did not have cannot make an entry stale.
-	if _, _, stale = oracleExplain(known, nil, []string{colSlurmBind}, layouts, shapes); len(stale) != 0 {
+	if _, _, stale = oracleExplain(known, nil, []string{colSlurmBind}, layouts, shapes, noShared); len(stale) != 0 {
 		t.Errorf("stale %v in a run without the gpufence column", stale)
 	}
 }
@@ -415,6 +459,9 @@ type oracleRun struct {
 	results map[string]map[string]map[string]map[string]map[string]bool
 	// allocs[layout][shape][column] is slurmctld's allocation, for the table.
 	allocs map[string]map[string]map[string]string
+	// shared[layout/shape/column][unit]: the task ran in its step's shared
+	// user/task_special cgroup.
+	shared map[string]map[string]bool
 	seq    int
 	// fabricYAML tells the agent the fake NVSwitch and NVLink majors.
 	fabricYAML string
@@ -598,6 +645,13 @@ func (o *oracleRun) runShape(t *testing.T, sh oracleShape, column string) {
 			}
 		}
 		units[u] = oracleLabels(open, o.records[sh.Layout], alloc)
+		if strings.HasSuffix(rep.Cgroup, "/user/task_special") {
+			k := sh.Layout + "/" + sh.Name + "/" + column
+			if o.shared[k] == nil {
+				o.shared[k] = map[string]bool{}
+			}
+			o.shared[k][u] = true
+		}
 	}
 	pos := make([]string, len(alloc))
 	for i, a := range alloc {
@@ -728,7 +782,8 @@ func TestPrivilegedConstrainDevicesOracle(t *testing.T) {
 	st := get(t)
 	st.waitIdle(t)
 	t0 := time.Now()
-	o := &oracleRun{st: st, results: map[string]map[string]map[string]map[string]map[string]bool{}, allocs: map[string]map[string]map[string]string{}}
+	o := &oracleRun{st: st, results: map[string]map[string]map[string]map[string]map[string]bool{}, allocs: map[string]map[string]map[string]string{},
+		shared: map[string]map[string]bool{}}
 
 	// Devices besides the gres files: a GPU minor gres.conf does not name,
 	// and fake NVSwitch and NVLink management nodes of majors the agent is
@@ -863,7 +918,7 @@ func TestPrivilegedConstrainDevicesOracle(t *testing.T) {
 
 	var diffs []oracleDiff
 	var table strings.Builder
-	fmt.Fprintf(&table, "Slurm %s: devices each task opened; #N is position N of the job's allocation (slurmctld)\n", st.c.SlurmVersion())
+	fmt.Fprintf(&table, "Slurm %s: devices each task opened; #N is position N of the job's allocation (slurmctld); * the task ran in user/task_special\n", st.c.SlurmVersion())
 	fmt.Fprintf(&table, "%-6s %-58s %-34s %-10s", "layout", "shape", "task", "allocation")
 	for _, c := range columns {
 		fmt.Fprintf(&table, " %-16s", c)
@@ -880,7 +935,7 @@ func TestPrivilegedConstrainDevicesOracle(t *testing.T) {
 			}
 			isGres := func(l string) bool { return strings.HasPrefix(l, "#") || gresFile[layout][l] }
 			for _, c := range columns[1:] {
-				d, err := oracleCompare(layout, sh.Name, c, res[colConstrain], res[c], isGres)
+				d, err := oracleCompare(layout, sh.Name, c, res[colConstrain], res[c], isGres, o.shared[layout+"/"+sh.Name+"/"+c])
 				if err != nil {
 					t.Error(err)
 				}
@@ -902,7 +957,11 @@ func TestPrivilegedConstrainDevicesOracle(t *testing.T) {
 							others[c][l]++
 						}
 					}
-					fmt.Fprintf(&table, " %-16s", "{"+strings.Join(g, ",")+"}")
+					cell := "{" + strings.Join(g, ",") + "}"
+					if c != colConstrain && o.shared[layout+"/"+sh.Name+"/"+c][u] {
+						cell += "*"
+					}
+					fmt.Fprintf(&table, " %-16s", cell)
 				}
 				table.WriteString("\n")
 			}
@@ -928,7 +987,15 @@ func TestPrivilegedConstrainDevicesOracle(t *testing.T) {
 	}
 	t.Logf("\n%s", table.String())
 
-	unexplained, used, stale := oracleExplain(oracleKnown, diffs, columns[1:], layouts, shapesRan)
+	sharedRan := func(column, shape string) bool {
+		for l := range layouts {
+			if len(o.shared[l+"/"+shape+"/"+column]) > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	unexplained, used, stale := oracleExplain(oracleKnown, diffs, columns[1:], layouts, shapesRan, sharedRan)
 	for _, d := range unexplained {
 		t.Errorf("undocumented difference from ConstrainDevices: %s", d)
 	}
