@@ -203,7 +203,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		Plugstack: o.Plugstack, ExtraSlurmConf: o.ExtraSlurmConf, Keep: o.Keep,
 		Slurm: rel.Slurm, Release: rel.Release, Kind: rel.Kind, Full: rel.Full, Prefix: rel.Prefix,
 		Include: rel.Include, BuildSeconds: rel.BuildSeconds, Binds: rel.Binds, Slice: rel.Slice,
-		JobIDPaths: rel.JobIDPaths, SLUID: rel.SLUID, PCluster: rel.PCluster,
+		JobIDPaths: rel.JobIDPaths, SLUID: rel.SLUID, PCluster: rel.PCluster, MultiSlurmd: rel.MultiSlurmd,
 	}
 	if err := c.makeRoot(o.Root); err != nil {
 		return c, err
