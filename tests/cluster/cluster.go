@@ -183,7 +183,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	if err := reapStale(c.logf, ""); err != nil {
 		c.lock.Close()
-		return nil, fmt.Errorf("a stale test cluster is left and could not be cleaned: %w", err)
+		return nil, fmt.Errorf("test clusters left on this host: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -1080,6 +1080,23 @@ func moduleRoot() (string, error) {
 		}
 	}
 	return "", errors.New("gpufence module root not found (run from inside the repository)")
+}
+
+// Lock takes the cluster lock for a cluster Load found (started by
+// another process, such as `gfcluster up`), so that its Stop cannot race a
+// cluster that a test is starting: Stop removes the cgroups under the
+// node's scope that were not there before, which would then be the other
+// cluster's. Stop releases it.
+func (c *Cluster) Lock(ctx context.Context) error {
+	if c.lock != nil {
+		return nil
+	}
+	f, err := takeLock(ctx)
+	if err != nil {
+		return err
+	}
+	c.lock = f
+	return nil
 }
 
 // Stop cancels the jobs, stops the daemons by PID (slurmd first), kills what

@@ -24,7 +24,8 @@ const staleGlob = "/var/tmp/gpufence-cluster-*"
 // test cluster of this host shares, so a later cluster's jobs would be
 // judged by a dead agent's policy. Only roots Start made (staleGlob, with
 // the state.json Start writes) whose daemons are all gone are touched; it
-// runs under the cluster lock, so no other harness is starting one.
+// runs under the cluster lock, so no other harness is starting one. A root
+// whose daemons still run is an error: Start must not run beside it.
 func reapStale(logf func(string, ...any), except string) error {
 	roots, err := filepath.Glob(staleGlob)
 	if err != nil {
@@ -53,7 +54,11 @@ func reapStale(logf func(string, ...any), except string) error {
 			}
 		}
 		if alive {
-			// A cluster up on its own (gfcluster up): not stale.
+			// A cluster up on its own (gfcluster up), or one a killed
+			// test left running: not stale, and not to run beside. Two
+			// clusters share the node's name and so its scope, where each
+			// would take the other's jobs and cgroups for its own.
+			errs = append(errs, fmt.Errorf("a test cluster still runs in %s (gfcluster up, or a test killed before its Stop): stop it first with `go run ./tests/cmd/gfcluster down -root %s`", root, root))
 			continue
 		}
 		logf("reaping the stale test cluster at %s (its daemons are gone)", root)

@@ -141,9 +141,17 @@ func load(args []string, name string) (*cluster.Cluster, *flag.FlagSet, []bool, 
 	return c, fs, []bool{*keepUser}, err
 }
 
-func down(_ context.Context, args []string) error {
+func down(ctx context.Context, args []string) error {
 	c, _, flags, err := load(args, "down")
 	if err != nil {
+		return err
+	}
+	// Not while a test starts or runs a cluster of its own: they share
+	// the node's scope.
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
+	defer cancel()
+	logf("waiting for the test cluster lock (a test that runs a cluster holds it)")
+	if err := c.Lock(lctx); err != nil {
 		return err
 	}
 	setup := c.Setup()
