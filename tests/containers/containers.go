@@ -128,29 +128,7 @@ func Ensure(ctx context.Context, what, include string, logf func(string, ...any)
 // EnsurePackages installs the Debian packages the builds and the runtimes
 // need, when missing (root only).
 func EnsurePackages(ctx context.Context, logf func(string, ...any)) error {
-	var missing []string
-	for _, p := range append(append([]string{}, buildPackages...), runPackages...) {
-		out, _ := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Status}", p).Output()
-		if !strings.Contains(string(out), "install ok installed") {
-			missing = append(missing, p)
-		}
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("the container tests need %s (apt-get install them, or run as root)", strings.Join(missing, " "))
-	}
-	logf("installing %s", strings.Join(missing, " "))
-	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	for _, args := range [][]string{{"update", "-q"}, append([]string{"install", "-y", "-q", "--no-install-recommends"}, missing...)} {
-		cmd := exec.CommandContext(ctx, "apt-get", args...)
-		cmd.Env = env
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("apt-get %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	return nil
+	return slurmrel.InstallMissing(ctx, "running the container tests", append(append([]string{}, buildPackages...), runPackages...), logf)
 }
 
 // Busybox is the static busybox of Debian's busybox-static.

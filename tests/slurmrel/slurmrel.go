@@ -309,8 +309,15 @@ func version(ctx context.Context, slurmd string) (string, error) {
 func Version(ctx context.Context, slurmd string) (string, error) { return version(ctx, slurmd) }
 
 func ensurePackages(ctx context.Context, logf func(string, ...any)) error {
+	return InstallMissing(ctx, "building Slurm", buildPackages, logf)
+}
+
+// InstallMissing installs those of pkgs (Debian packages) that are not
+// installed, through apt-get as root; without root it names them in an
+// error that says what (such as "building Slurm") needs them.
+func InstallMissing(ctx context.Context, what string, pkgs []string, logf func(string, ...any)) error {
 	var missing []string
-	for _, p := range buildPackages {
+	for _, p := range pkgs {
 		out, _ := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Status}", p).Output()
 		if !strings.Contains(string(out), "install ok installed") {
 			missing = append(missing, p)
@@ -320,7 +327,7 @@ func ensurePackages(ctx context.Context, logf func(string, ...any)) error {
 		return nil
 	}
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("building Slurm needs %s (apt-get install them, or run as root)", strings.Join(missing, " "))
+		return fmt.Errorf("%s needs %s (apt-get install them, or run as root)", what, strings.Join(missing, " "))
 	}
 	logf("installing %s", strings.Join(missing, " "))
 	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
