@@ -216,11 +216,12 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		IMEXMajor: cfg.IMEXChannelsMajor, IMEXFromSlurm: cfg.IMEXChannels == config.IMEXSlurm,
 		TaskBinding:    cfg.TaskBinding == config.TaskBindingSlurm,
 		UnconfirmedMax: cfg.AdoptUnconfirmedMax.Duration}
-	if d.watch != nil { // a nil *cgwatch.Watcher is no watcher
-		d.h.Watch = d.watch
-	}
-	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery, Watcher: d.watch,
+	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery,
 		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
+
+	if d.watch != nil { // a nil *cgwatch.Watcher is no watcher
+		d.h.Watch, d.rc.Watcher = d.watch, d.watch
+	}
 
 	var asker adopt.Asker
 	if d.recovery != nil {

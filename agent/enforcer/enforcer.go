@@ -60,6 +60,42 @@ type Recorder interface {
 	Emit(r audit.Record)
 }
 
+// Cgroups is what the enforcer reads of the node: Slurm's scope and
+// slurmd's cgroup as /proc shows them, and cgroupfs. nil in Options: this
+// node's (jobcgroup.Node, and the kernel's lookup of a cgroup by id).
+type Cgroups interface {
+	Find(w jobcgroup.Where) jobcgroup.Found
+	Slurmd(f jobcgroup.Found, mount, pidFile string) (string, error)
+	ID(dir string) (uint64, error)
+	// Exists reports whether a cgroup with id is alive.
+	Exists(id uint64) (bool, error)
+	// Dirs are the directories matching a filepath.Glob pattern.
+	Dirs(pattern string) []string
+}
+
+// Pins is what an earlier agent left pinned under PinDir: the cgroup its
+// slurmd link is on, and the entries of cgroups that are gone. nil in
+// Options: bpf/devfilter's.
+type Pins interface {
+	SlurmdCgroup(pinDir string) uint64
+	CleanStale(pinDir string, live func(id uint64) bool) (removed []uint64, err error)
+}
+
+type node struct{ jobcgroup.Node }
+
+func (node) Exists(id uint64) (bool, error) { return devfilter.CgroupExists(id) }
+
+type pins struct{}
+
+func (pins) SlurmdCgroup(dir string) uint64 { return devfilter.PinnedSlurmdCgroup(dir) }
+
+func (pins) CleanStale(dir string, live func(uint64) bool) ([]uint64, error) {
+	if _, err := os.Stat(dir); err != nil {
+		return nil, nil // nothing pinned yet
+	}
+	return devfilter.CleanStale(dir, live)
+}
+
 // Options configure an Enforcer.
 type Options struct {
 	Log *slog.Logger
@@ -96,6 +132,9 @@ type Options struct {
 	// there, so no process of theirs ever meets an empty map. It must not
 	// block.
 	BeforeEnforce func(Filter) error
+	// Cgroups and Pins read the node; nil: this node's.
+	Cgroups Cgroups
+	Pins    Pins
 }
 
 // Enforcer keeps the filter. Its methods are safe for concurrent use.
@@ -136,6 +175,12 @@ func New(o Options) *Enforcer {
 	if o.OnRelease == nil {
 		o.OnRelease = func(uint64, registry.Owner) {}
 	}
+	if o.Cgroups == nil {
+		o.Cgroups = node{}
+	}
+	if o.Pins == nil {
+		o.Pins = pins{}
+	}
 	return &Enforcer{o: o, ended: map[uint64]devfilter.Cgroup{}, ignored: map[string]bool{}}
 }
 
@@ -163,7 +208,7 @@ func (e *Enforcer) Where() jobcgroup.Where {
 // their own delegated subtree) is logged once as ignored. It reads /proc:
 // never call it holding e.mu.
 func (e *Enforcer) FindScope() jobcgroup.Found {
-	f := jobcgroup.Find(e.Where())
+	f := e.o.Cgroups.Find(e.Where())
 	e.note(f)
 	return f
 }
@@ -238,7 +283,7 @@ func (e *Enforcer) ensureLocked(scope string) error {
 		}
 		return nil
 	}
-	id, err := jobcgroup.ID(scope)
+	id, err := e.o.Cgroups.ID(scope)
 	if err != nil {
 		return fmt.Errorf("Slurm's scope %s: %w", scope, err)
 	}
@@ -249,7 +294,7 @@ func (e *Enforcer) ensureLocked(scope string) error {
 	if scope != e.scope {
 		// Another scope path: only when the old one is gone (a CgroupSlice
 		// change), never two live scopes on one node.
-		if oldID, err := jobcgroup.ID(e.scope); err == nil && oldID == e.scopeID && linked == oldID {
+		if oldID, err := e.o.Cgroups.ID(e.scope); err == nil && oldID == e.scopeID && linked == oldID {
 			return fmt.Errorf("step is under scope %s but the device filter is attached to %s, which still exists", scope, e.scope)
 		}
 	}
@@ -281,7 +326,7 @@ func (e *Enforcer) ensureLocked(scope string) error {
 // attachLocked attaches the filter on scope. e.mu is held.
 func (e *Enforcer) attachLocked(scope string) error {
 	e.cleanStaleLocked(scope)
-	id, _ := jobcgroup.ID(scope)
+	id, _ := e.o.Cgroups.ID(scope)
 	f, err := e.o.NewFilter(scope, func(f Filter) error {
 		e.filter, e.scope, e.scopeID = f, scope, id
 		e.refreshExemptLocked()
@@ -337,7 +382,7 @@ func (e *Enforcer) refreshExemptLocked() {
 	have := e.o.Registry.Exempts()
 	for _, name := range e.o.Exempt {
 		dir := filepath.Join(e.scope, name)
-		id, err := jobcgroup.ID(dir)
+		id, err := e.o.Cgroups.ID(dir)
 		old, had := have[name]
 		if had && (err != nil || id != old.ID) {
 			if err := e.filter.Remove(old); err != nil {
@@ -410,7 +455,7 @@ func (e *Enforcer) ForgetEnded() {
 		return
 	}
 	for id, cg := range e.ended {
-		if now, err := jobcgroup.ID(cg.Path); err == nil && now == id {
+		if now, err := e.o.Cgroups.ID(cg.Path); err == nil && now == id {
 			continue
 		}
 		if err := e.filter.Remove(cg); err != nil {
@@ -436,7 +481,7 @@ func (e *Enforcer) Reconcile() {
 	// nothing: the filter stays where it is.
 	found := e.FindScope()
 	scope := found.Scope
-	slurmd, serr := found.Slurmd(e.o.Mount, e.slurmdPid())
+	slurmd, serr := e.o.Cgroups.Slurmd(found, e.o.Mount, e.slurmdPid())
 	e.mu.Lock()
 	e.noteGoneLocked(found)
 	switch {
@@ -464,7 +509,7 @@ func (e *Enforcer) noteGoneLocked(f jobcgroup.Found) {
 	if e.filter == nil || e.scope == "" {
 		return
 	}
-	_, err := os.Stat(e.scope)
+	_, err := e.o.Cgroups.ID(e.scope)
 	gone := errors.Is(err, os.ErrNotExist) && f.Scope == ""
 	if gone && !e.gone {
 		e.o.Log.Info("Slurm's scope is gone; the filter is re-attached when slurmd makes it again, never to another cgroup meanwhile", "cgroup", e.scope, "expected", f.Expected)
@@ -479,27 +524,21 @@ func (e *Enforcer) cleanStaleLocked(scope string) {
 	if e.o.PinDir == "" {
 		return
 	}
-	if _, err := os.Stat(e.o.PinDir); err != nil {
-		return // nothing pinned yet
-	}
 	live := map[uint64]bool{}
 	// slurmd's cgroup outside the scope keeps its entry: the pinned link
 	// there decides its tasks by it, root slurmd's NVML included.
-	if id := devfilter.PinnedSlurmdCgroup(e.o.PinDir); id != 0 {
+	if id := e.o.Pins.SlurmdCgroup(e.o.PinDir); id != 0 {
 		live[id] = true
 	}
 	// Job, step and (task_binding: slurm) task cgroups hold entries.
 	for _, pattern := range []string{"*", "*/*", "*/*/user/task_*"} {
-		dirs, _ := filepath.Glob(filepath.Join(scope, pattern))
-		for _, dir := range dirs {
-			if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-				if id, err := jobcgroup.ID(dir); err == nil {
-					live[id] = true
-				}
+		for _, dir := range e.o.Cgroups.Dirs(filepath.Join(scope, pattern)) {
+			if id, err := e.o.Cgroups.ID(dir); err == nil {
+				live[id] = true
 			}
 		}
 	}
-	removed, err := devfilter.CleanStale(e.o.PinDir, func(id uint64) bool { return live[id] })
+	removed, err := e.o.Pins.CleanStale(e.o.PinDir, func(id uint64) bool { return live[id] })
 	if err != nil {
 		e.o.Log.Error("clean stale pinned entries", "err", err)
 		return
@@ -538,7 +577,7 @@ func (e *Enforcer) sweepOrphansLocked() {
 		if _, ended := e.ended[id]; ended {
 			continue
 		}
-		if exists, err := devfilter.CgroupExists(id); err != nil || exists {
+		if exists, err := e.o.Cgroups.Exists(id); err != nil || exists {
 			continue
 		}
 		if err := e.filter.Remove(devfilter.Cgroup{ID: id}); err != nil {
@@ -609,7 +648,7 @@ func (e *Enforcer) Guards(live string) (mode devfilter.Mode, scope, problem stri
 	if mode != devfilter.ModeScope {
 		return mode, scope, ""
 	}
-	id, err := jobcgroup.ID(live)
+	id, err := e.o.Cgroups.ID(live)
 	if err != nil {
 		return mode, scope, fmt.Sprintf("Slurm's scope %s: %v", live, err)
 	}
@@ -632,7 +671,7 @@ func (e *Enforcer) Guards(live string) (mode devfilter.Mode, scope, problem stri
 // every pass. It reads /proc: never call it holding e.mu.
 func (e *Enforcer) RefreshSlurmd() {
 	found := e.FindScope()
-	slurmd, serr := found.Slurmd(e.o.Mount, e.slurmdPid())
+	slurmd, serr := e.o.Cgroups.Slurmd(found, e.o.Mount, e.slurmdPid())
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.refreshSlurmdLocked(slurmd, serr)
@@ -675,7 +714,7 @@ func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
 	if dir == "" {
 		return
 	}
-	id, err := jobcgroup.ID(dir)
+	id, err := e.o.Cgroups.ID(dir)
 	if err != nil {
 		// Gone: systemd makes it again when slurmd starts.
 		return
