@@ -292,7 +292,7 @@ func TestReleases(t *testing.T) {
 	id1, _ := v.n.ID(stepDir(7, 1))
 	id2, _ := v.n.ID(stepDir(7, 2))
 	v.do(peer.Peer{}, &pb.Request{Msg: &pb.Request_StepEnd{StepEnd: &pb.StepEnd{JobId: 7, StepId: 0}}})
-	v.do(peer.Peer{}, &pb.Request{Msg: &pb.Request_StepEnd{StepEnd: &pb.StepEnd{JobId: 7, StepId: 0}}}) // again
+	v.do(peer.Peer{}, &pb.Request{Msg: &pb.Request_StepEnd{StepEnd: &pb.StepEnd{JobId: 7, StepId: 0}}})  // again
 	v.do(peer.Peer{}, &pb.Request{Msg: &pb.Request_StepEnd{StepEnd: &pb.StepEnd{JobId: 99, StepId: 0}}}) // unknown
 	if _, ok := v.filter().Entry(id0); ok {
 		t.Error("ended step keeps its entry")
@@ -388,4 +388,3 @@ func TestSettingsFile(t *testing.T) {
 		t.Errorf("step with unreadable settings: %q", r.Error)
 	}
 }
-
