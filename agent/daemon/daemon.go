@@ -55,16 +55,7 @@ type Recorder = events.Recorder
 
 // NewKernelFilter is the FilterFactory for the real kernel filter; opts
 // holds everything but the scope.
-func NewKernelFilter(opts devfilter.Options) FilterFactory {
-	return func(scope string, prepare func(Filter) error) (Filter, error) {
-		o := opts
-		o.ScopeDir = scope
-		if prepare != nil {
-			o.BeforeAttach = func(f *devfilter.Filter) error { return prepare(f) }
-		}
-		return devfilter.New(o)
-	}
-}
+var NewKernelFilter = enforcer.KernelFilter
 
 // jobSource is slurmctld as the agent asks it; tests replace it.
 var jobSource = func(cfg config.Config) recovery.JobSource {
@@ -95,11 +86,6 @@ type Daemon struct {
 	watch    *cgwatch.Watcher
 	users    *users.Cache
 	adopter  *adopt.Adopter
-
-	// adoptions are the running jobs found with no record at start, with
-	// slurmctld's answers, until the filter's attach writes them.
-	adoptMu   sync.Mutex
-	adoptions []adopt.Job
 
 	mode *handler.Mode
 
@@ -164,40 +150,6 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		Fabric:    devices.Fabric{NVSwitchMajor: cfg.NVSwitchMajor, NVLinkMajor: cfg.NVLinkMajor},
 		IMEXMajor: cfg.IMEXChannelsMajor,
 		Users:     d.users, AuditOnly: d.mode.AuditOnly, QueueSize: cfg.Audit.QueueSize, Resume: resume})
-	d.enf = enforcer.New(enforcer.Options{
-		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
-		Slice: func() string {
-			// Unreadable now: system.slice, where nothing but root makes a
-			// cgroup; steps are refused on the same error anyway.
-			st, _ := settings.Get()
-			return st.CgroupSlice
-		},
-		SlurmdPid: func() string {
-			st, _ := settings.Get()
-			return st.SlurmdPid(cfg.NodeName)
-		},
-		NewFilter: newFilter, Registry: d.reg, Recorder: rec,
-		OnAttach: func(f enforcer.Filter) {
-			if cfg.TaskBinding == config.TaskBindingSlurm && f.Mode() == devfilter.ModePerCgroup {
-				d.log.Warn("task_binding: slurm narrows tasks in scope mode only; in per-cgroup mode (kernels before 6.1) every task keeps its step's GPUs")
-			}
-			adopted := false
-			if a, ok := f.(interface{ Adopted() bool }); ok {
-				adopted = a.Adopted()
-			}
-			d.ev.Read(f, f, adopted)
-		},
-		OnRelease:     d.ev.Release,
-		BeforeEnforce: d.beforeEnforce,
-		WatchSlurmd: func(dir string) {
-			if d.watch == nil {
-				return
-			}
-			if err := d.watch.WatchMade(dir); err != nil {
-				d.log.Warn("slurmd's cgroup made again is found by the periodic reconcile only", "cgroup", dir, "err", err)
-			}
-		},
-	})
 	if cfg.RecoverFromSlurmctld {
 		d.recovery = &recovery.Recovery{Source: jobSource(cfg), Table: d.table, Node: cfg.NodeName}
 	}
@@ -211,24 +163,35 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			d.log.Warn("slurmd's start is found by the periodic reconcile only", "err", err)
 		}
 	}
-	d.h = &handler.Handler{Log: d.log, Mount: mount, Scope: cfg.Scope, Registry: d.reg, Enforcer: d.enf, Table: d.table,
+	d.h = &handler.Handler{Log: d.log, Mount: mount, Scope: cfg.Scope, Registry: d.reg, Table: d.table,
 		Settings: settings, Recorder: rec, Users: d.users, Recovery: d.recovery, Mode: d.mode,
 		IMEXMajor: cfg.IMEXChannelsMajor, IMEXFromSlurm: cfg.IMEXChannels == config.IMEXSlurm,
 		TaskBinding:    cfg.TaskBinding == config.TaskBindingSlurm,
 		UnconfirmedMax: cfg.AdoptUnconfirmedMax.Duration}
-	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery,
-		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
-
-	if d.watch != nil { // a nil *cgwatch.Watcher is no watcher
-		d.h.Watch, d.rc.Watcher = d.watch, d.watch
-	}
-
 	var asker adopt.Asker
 	if d.recovery != nil {
 		asker = d.recovery
 	}
 	d.adopter = &adopt.Adopter{Log: d.log.With("component", "adopt"), Registry: d.reg, Asker: asker, Table: d.table,
 		Recorder: rec, Users: d.users, Unconfirmed: cfg.AdoptUnconfirmed}
+	eo := enforcer.Options{
+		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
+		Settings: settings, NewFilter: newFilter, Registry: d.reg, Recorder: rec,
+		Events: d.ev, OnRelease: d.ev.Release, TaskBinding: cfg.TaskBinding == config.TaskBindingSlurm,
+		// The recorded steps' entries (again: a crash may have come
+		// between a record and its entry), then the adopted jobs'.
+		Restore: []func(func(devfilter.Cgroup, devfilter.Policy) error){d.h.WriteRecorded, d.adopter.ApplyHeld},
+	}
+	if d.watch != nil { // a nil *cgwatch.Watcher is no watcher
+		d.h.Watch, eo.SlurmdWatch = d.watch, d.watch
+	}
+	d.enf = enforcer.New(eo)
+	d.h.Enforcer = d.enf
+	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery,
+		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
+	if d.watch != nil {
+		d.rc.Watcher = d.watch
+	}
 
 	d.restore()
 	if d.store != nil {
@@ -248,15 +211,13 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	if scope := found.Scope; scope != "" {
 		// Jobs already running with no record (gpufence put on a busy
 		// node): slurmctld is asked now, and their entries are written
-		// before the filter's program first runs (beforeEnforce).
+		// before the filter's program first runs (enforcer.Options.Restore).
 		t0 := time.Now()
 		plan := d.adopter.Plan(scope)
 		if len(plan) > 0 {
 			d.log.Info("running jobs found with no record; slurmctld asked", "jobs", len(plan), "took", time.Since(t0))
 		}
-		d.adoptMu.Lock()
-		d.adoptions = plan
-		d.adoptMu.Unlock()
+		d.adopter.Hold(plan)
 		if err := d.enf.Ensure(scope); err != nil {
 			d.Close()
 			return nil, err
@@ -376,19 +337,6 @@ func (d *Daemon) restore() {
 	if n := len(d.reg.Jobs()); n > 0 {
 		d.log.Info("restored jobs", "jobs", n, "steps", len(steps), "from", from, "pin_dir", d.cfg.PinDir)
 	}
-}
-
-// beforeEnforce runs with each filter loaded and not yet enforcing: the
-// recorded steps' entries (again: a crash may have come between a record
-// and its entry), then the adopted jobs'.
-func (d *Daemon) beforeEnforce(f Filter) error {
-	d.h.WriteRecorded(f.Set)
-	d.adoptMu.Lock()
-	plan := d.adoptions
-	d.adoptions = nil
-	d.adoptMu.Unlock()
-	d.adopter.Apply(plan, f.Set)
-	return nil
 }
 
 func (d *Daemon) snapshot() statefile.File {

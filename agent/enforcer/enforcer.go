@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/events"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/registry"
@@ -96,18 +97,48 @@ func (pins) CleanStale(dir string, live func(uint64) bool) ([]uint64, error) {
 	return devfilter.CleanStale(dir, live)
 }
 
+// Settings are Slurm's settings as they are now; *handler.SettingsFile
+// implements it.
+type Settings interface {
+	Get() (slurm.Settings, error)
+}
+
+// Reader reads the kernel's access reports of a filter from its attach
+// on; *events.Events implements it.
+type Reader interface {
+	Read(src events.Source, c events.Counters, adopted bool)
+}
+
+// SlurmdWatch watches for slurmd's cgroup made again; *cgwatch.Watcher
+// implements it.
+type SlurmdWatch interface {
+	WatchMade(dir string) error
+}
+
+// KernelFilter is the Factory of the kernel's device filter; opts holds
+// everything but the scope.
+func KernelFilter(opts devfilter.Options) Factory {
+	return func(scope string, prepare func(Filter) error) (Filter, error) {
+		o := opts
+		o.ScopeDir = scope
+		if prepare != nil {
+			o.BeforeAttach = func(f *devfilter.Filter) error { return prepare(f) }
+		}
+		return devfilter.New(o)
+	}
+}
+
 // Options configure an Enforcer.
 type Options struct {
 	Log *slog.Logger
 	// Mount is the cgroup v2 mount; Scope the configured scope ("" = found).
 	Mount, Scope, Node string
-	// Slice returns cgroup.conf's CgroupSlice as it is now ("" =
-	// system.slice): where slurmd makes its scope. nil = system.slice.
-	Slice func() string
-	// SlurmdPid returns the file this node's slurmd writes its pid to
-	// (slurm.conf's SlurmdPidFile): which root slurmd is this node's, for
-	// its cgroup outside the scope. nil = Slurm's default.
-	SlurmdPid func() string
+	// Settings are Slurm's as they are now: cgroup.conf's CgroupSlice
+	// (where slurmd makes its scope; "" = system.slice) and slurm.conf's
+	// SlurmdPidFile (which root slurmd is this node's, for its cgroup
+	// outside the scope). nil, or unreadable: system.slice and Slurm's
+	// default pid file (steps are refused on the same error anyway).
+	Settings Settings
 	// Exempt are the scope's children that keep every device.
 	Exempt []string
 	// PinDir is where the filter pins (for the stale cleanup at start).
@@ -115,23 +146,27 @@ type Options struct {
 	NewFilter Factory
 	Registry  *registry.Registry
 	Recorder  Recorder
-	// OnAttach is told of each filter attached (the event reader's start);
-	// OnRelease of each cgroup whose entry went (its last rate counts are
+	// Events, when set, is told of each filter attached: the kernel's
+	// access reports are read from then on (*events.Events). OnRelease is
+	// told of each cgroup whose entry went (its last rate counts are
 	// flushed, then forgotten). Neither may block.
-	OnAttach  func(Filter)
+	Events    Reader
 	OnRelease func(id uint64, o registry.Owner)
-	// WatchSlurmd, when set, is told slurmd's cgroup outside the scope
+	// TaskBinding is task_binding: slurm, which narrows tasks in scope
+	// mode only: a filter attached in per-cgroup mode says so.
+	TaskBinding bool
+	// SlurmdWatch, when set, is told slurmd's cgroup outside the scope
 	// each time the filter is put there: systemd makes it again at every
-	// slurmd restart, and a watch on its parent (cgwatch) calls
+	// slurmd restart, and a watch on its parent (*cgwatch.Watcher) calls
 	// RefreshSlurmd at once (as one on the pid file does when slurmd
 	// starts). It must not block.
-	WatchSlurmd func(dir string)
-	// BeforeEnforce, when set, is called with each filter being attached,
-	// after the exempt entries and before the program first runs: the
-	// entries of recorded steps and of running jobs the agent adopts go in
-	// there, so no process of theirs ever meets an empty map. It must not
-	// block.
-	BeforeEnforce func(Filter) error
+	SlurmdWatch SlurmdWatch
+	// Restore are called with each filter being attached, after the exempt
+	// entries and before the program first runs, to write entries with
+	// set: those of recorded steps (handler.WriteRecorded) and of running
+	// jobs the agent adopts (adopt.ApplyHeld), so no process of theirs
+	// ever meets an empty map. None may block.
+	Restore []func(set func(devfilter.Cgroup, devfilter.Policy) error)
 	// Cgroups and Pins read the node; nil: this node's.
 	Cgroups Cgroups
 	Pins    Pins
@@ -169,9 +204,6 @@ type Enforcer struct {
 
 // New returns an enforcer with no filter yet.
 func New(o Options) *Enforcer {
-	if o.OnAttach == nil {
-		o.OnAttach = func(Filter) {}
-	}
 	if o.OnRelease == nil {
 		o.OnRelease = func(uint64, registry.Owner) {}
 	}
@@ -195,8 +227,9 @@ func (e *Enforcer) lifecycle(ev audit.Event, sev audit.Severity, msg string, fil
 // Where is where slurmd makes its scope on this node, as now configured.
 func (e *Enforcer) Where() jobcgroup.Where {
 	w := jobcgroup.Where{Mount: e.o.Mount, Configured: e.o.Scope, Node: e.o.Node}
-	if e.o.Slice != nil {
-		w.Slice = e.o.Slice()
+	if e.o.Settings != nil {
+		st, _ := e.o.Settings.Get()
+		w.Slice = st.CgroupSlice
 	}
 	return w
 }
@@ -330,8 +363,8 @@ func (e *Enforcer) attachLocked(scope string) error {
 	f, err := e.o.NewFilter(scope, func(f Filter) error {
 		e.filter, e.scope, e.scopeID = f, scope, id
 		e.refreshExemptLocked()
-		if e.o.BeforeEnforce != nil {
-			return e.o.BeforeEnforce(f)
+		for _, restore := range e.o.Restore {
+			restore(f.Set)
 		}
 		return nil
 	})
@@ -353,7 +386,12 @@ func (e *Enforcer) attachLocked(scope string) error {
 		adopted = a.Adopted()
 	}
 	e.o.Log.Info("device filter attached", "cgroup", scope, "mode", f.Mode(), "adopted_pinned", adopted)
-	e.o.OnAttach(f)
+	if e.o.TaskBinding && f.Mode() == devfilter.ModePerCgroup {
+		e.o.Log.Warn("task_binding: slurm narrows tasks in scope mode only; in per-cgroup mode (kernels before 6.1) every task keeps its step's GPUs")
+	}
+	if e.o.Events != nil {
+		e.o.Events.Read(f, f, adopted)
+	}
 	e.refreshExemptLocked()
 	return nil
 }
@@ -678,8 +716,9 @@ func (e *Enforcer) RefreshSlurmd() {
 }
 
 func (e *Enforcer) slurmdPid() string {
-	if e.o.SlurmdPid != nil {
-		return e.o.SlurmdPid()
+	if e.o.Settings != nil {
+		st, _ := e.o.Settings.Get()
+		return st.SlurmdPid(e.o.Node)
 	}
 	return slurm.DefaultSlurmdPidFile
 }
@@ -764,8 +803,10 @@ func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
 				})
 		}
 	}
-	if dir != e.slurmdDir && e.o.WatchSlurmd != nil {
-		e.o.WatchSlurmd(dir)
+	if dir != e.slurmdDir && e.o.SlurmdWatch != nil {
+		if err := e.o.SlurmdWatch.WatchMade(dir); err != nil {
+			e.o.Log.Warn("slurmd's cgroup made again is found by the periodic reconcile only", "cgroup", dir, "err", err)
+		}
 	}
 	e.slurmdDir, e.slurmdName, e.slurmdID = dir, name, id
 	if ferr == nil {

@@ -14,8 +14,10 @@ import (
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/audit/audittest"
+	"github.com/gpufence/gpufence/agent/events"
 	"github.com/gpufence/gpufence/agent/fakenode"
 	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -46,9 +48,33 @@ type env struct {
 	released []uint64
 	watched  []string
 	factErr  error
-	prepErr  error
 	before   int
+	restored []uint64
 }
+
+// Read is the event reader's start (Options.Events).
+func (v *env) Read(events.Source, events.Counters, bool) { v.mu.Lock(); v.attached++; v.mu.Unlock() }
+
+// WatchMade is the slurmd cgroup watch (Options.SlurmdWatch).
+func (v *env) WatchMade(d string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.watched = append(v.watched, d)
+	return nil
+}
+
+// restore writes a recorded entry, as handler.WriteRecorded does, before
+// the program first runs.
+func (v *env) restore(set func(devfilter.Cgroup, devfilter.Policy) error) {
+	v.before++
+	for _, id := range v.restored {
+		set(devfilter.Cgroup{ID: id}, devfilter.Policy{GPUMinors: []uint32{3}})
+	}
+}
+
+type settings struct{ st slurm.Settings }
+
+func (s settings) Get() (slurm.Settings, error) { return s.st, nil }
 
 func newEnv(t *testing.T, mode devfilter.Mode, opts ...func(*Options)) *env {
 	v := &env{t: t, n: fakenode.New(mount), rec: &audittest.Recorder{}, logs: &bytes.Buffer{}, pins: &fakenode.Pins{}}
@@ -77,13 +103,10 @@ func newEnv(t *testing.T, mode devfilter.Mode, opts ...func(*Options)) *env {
 			v.mu.Unlock()
 			return f, nil
 		},
-		OnAttach:  func(Filter) { v.mu.Lock(); v.attached++; v.mu.Unlock() },
-		OnRelease: func(id uint64, _ registry.Owner) { v.mu.Lock(); v.released = append(v.released, id); v.mu.Unlock() },
-		BeforeEnforce: func(f Filter) error {
-			v.before++
-			return v.prepErr
-		},
-		WatchSlurmd: func(d string) { v.mu.Lock(); v.watched = append(v.watched, d); v.mu.Unlock() },
+		Events:      v,
+		OnRelease:   func(id uint64, _ registry.Owner) { v.mu.Lock(); v.released = append(v.released, id); v.mu.Unlock() },
+		Restore:     []func(func(devfilter.Cgroup, devfilter.Policy) error){v.restore},
+		SlurmdWatch: v,
 	}
 	for _, fn := range opts {
 		fn(&o)
@@ -115,6 +138,7 @@ func (v *env) entry(path string) (devfilter.Policy, bool) {
 // one Slurm has not made yet (slurmd) gets one when it appears.
 func TestEnsureAttaches(t *testing.T) {
 	v := newEnv(t, devfilter.ModeScope)
+	v.restored = []uint64{4242}
 	if v.e.Filter() != nil || v.e.Scope() != "" {
 		t.Fatal("a filter before any step")
 	}
@@ -126,6 +150,9 @@ func TestEnsureAttaches(t *testing.T) {
 	}
 	if p, ok := v.entry(scope + "/system"); !ok || !p.AllowAll || !p.RootOnly {
 		t.Errorf("system's entry %+v %v, want root-only allow-all", p, ok)
+	}
+	if p, ok := v.filter().Entry(4242); !ok || !reflect.DeepEqual(p.GPUMinors, []uint32{3}) {
+		t.Errorf("recorded entry written at attach: %+v %v", p, ok)
 	}
 	if _, ok := v.reg.Exempts()["system"]; !ok {
 		t.Error("system not recorded as exempt")
@@ -151,20 +178,18 @@ func TestEnsureAttaches(t *testing.T) {
 	}
 }
 
-// An attach that fails (the kernel refuses, or writing the recorded
-// entries does) refuses the step, is audited, and leaves no exempt record
-// behind.
+// An attach the kernel refuses refuses the step, is audited, and leaves no
+// exempt record behind.
 func TestAttachFails(t *testing.T) {
 	for _, tc := range []struct {
-		name          string
-		fact, prepare error
+		name string
+		fact error
 	}{
-		{"factory", errors.New("bpf: operation not permitted"), nil},
-		{"before enforce", nil, errors.New("restore failed")},
+		{"factory", errors.New("bpf: operation not permitted")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := newEnv(t, devfilter.ModeScope)
-			v.factErr, v.prepErr = tc.fact, tc.prepare
+			v.factErr = tc.fact
 			err := v.e.Ensure(scope)
 			if err == nil || v.e.Filter() != nil {
 				t.Fatalf("Ensure: %v, filter %v", err, v.e.Filter())
@@ -244,9 +269,12 @@ func TestAnotherScope(t *testing.T) {
 // refused; a released cgroup keeps a deny-all entry until it is gone (a
 // task can outlive its step), then the program comes off.
 func TestPerCgroupRelease(t *testing.T) {
-	v := newEnv(t, devfilter.ModePerCgroup)
+	v := newEnv(t, devfilter.ModePerCgroup, func(o *Options) { o.TaskBinding = true })
 	if err := v.e.Ensure(scope); err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(v.logs.String(), "narrows tasks in scope mode only") {
+		t.Error("task_binding in per-cgroup mode not warned")
 	}
 	if err := v.e.Ensure(mount + "/x.slice/slurmstepd.scope"); err == nil {
 		t.Error("another scope in per-cgroup mode: no error")
@@ -436,8 +464,9 @@ func TestRefreshSlurmd(t *testing.T) {
 // Where is where slurmd makes its scope, with cgroup.conf's slice as it
 // is now.
 func TestWhere(t *testing.T) {
-	slice := "gpu.slice"
-	v := newEnv(t, devfilter.ModeScope, func(o *Options) { o.Slice = func() string { return slice } })
+	v := newEnv(t, devfilter.ModeScope, func(o *Options) {
+		o.Settings = settings{slurm.Settings{CgroupSlice: "gpu.slice", SlurmdPidFile: "/run/%n.pid"}}
+	})
 	w := v.e.Where()
 	if w.Mount != mount || w.Node != "n1" || w.Slice != "gpu.slice" || w.Configured != "" {
 		t.Errorf("Where = %+v", w)
@@ -445,7 +474,10 @@ func TestWhere(t *testing.T) {
 	if v.e.Busy() {
 		t.Error("busy with no call running")
 	}
-	if v.e.slurmdPid() == "" {
-		t.Error("no default slurmd pid file")
+	if got := v.e.slurmdPid(); got != "/run/n1.pid" {
+		t.Errorf("slurmd pid file %q", got)
+	}
+	if got := newEnv(t, devfilter.ModeScope).e.slurmdPid(); got != slurm.DefaultSlurmdPidFile {
+		t.Errorf("default slurmd pid file %q", got)
 	}
 }
