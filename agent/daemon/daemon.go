@@ -62,12 +62,6 @@ var jobSource = func(cfg config.Config) recovery.JobSource {
 	return &slurm.Controller{SlurmConf: cfg.SlurmConf, Node: cfg.NodeName, BinDir: cfg.SlurmBinDir}
 }
 
-type nopRecorder struct{}
-
-func (nopRecorder) Emit(audit.Record)                {}
-func (nopRecorder) ReportLoss(uint64)                {}
-func (nopRecorder) ReportRateFull(map[string]uint64) {}
-
 // Daemon is the running agent.
 type Daemon struct {
 	cfg   config.Config
@@ -106,7 +100,7 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		return nil, err
 	}
 	if rec == nil {
-		rec = nopRecorder{}
+		rec = events.Discard{}
 	}
 	d := &Daemon{cfg: cfg, log: log.With("component", "agent"), mount: mount, rec: rec, users: &users.Cache{},
 		mode: handler.NewMode(cfg.Enforcement == config.EnforcementAuditOnly)}
