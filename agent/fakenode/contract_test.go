@@ -82,6 +82,19 @@ func contract(t *testing.T, f kernelMap, cgs [3]devfilter.Cgroup) {
 	check("removed")
 	mustSet(a, devfilter.Policy{GPUMinors: []uint32{0}}, devfilter.Policy{GPUMinors: []uint32{0}})
 	check("set again")
+	// An entry by id alone: the scope program looks it up by id; in
+	// per-cgroup mode a cgroup not attached yet needs its path.
+	if err := f.Remove(c); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	delete(want, c.ID)
+	byID := devfilter.Cgroup{ID: c.ID}
+	if f.Mode() == devfilter.ModeScope {
+		mustSet(byID, devfilter.Policy{GPUMinors: []uint32{5}}, devfilter.Policy{GPUMinors: []uint32{5}})
+	} else {
+		refuse("by id alone on a cgroup not attached", byID, devfilter.Policy{})
+	}
+	check("by id")
 	if err := f.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
