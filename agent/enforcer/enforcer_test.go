@@ -134,7 +134,7 @@ func (v *env) entry(path string) (devfilter.Policy, bool) {
 
 // The first step attaches the filter on Slurm's scope: the exempt cgroup
 // that exists (system) gets a root-only allow-all entry before the
-// recorded steps' entries (BeforeEnforce) and before the program runs; the
+// recorded steps' entries (Options.Restore) and before the program runs; the
 // one Slurm has not made yet (slurmd) gets one when it appears.
 func TestEnsureAttaches(t *testing.T) {
 	v := newEnv(t, devfilter.ModeScope)

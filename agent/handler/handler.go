@@ -285,7 +285,7 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 		h.releaseTasks(prev)
 	}
 	// The record first, then the kernel entry: a crash between them leaves
-	// a record whose entry the next start writes (beforeEnforce), never an
+	// a record whose entry the next start writes (WriteRecorded), never an
 	// entry the agent has no record of.
 	placeholder := h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly, IMEXChannels: imex}, loc.Job)
 	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: auditOnly, IMEXChannels: imex}); err != nil {
