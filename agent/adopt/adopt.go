@@ -77,6 +77,10 @@ type Adopter struct {
 	Parallel int
 	// Proc is /proc; for tests.
 	Proc string
+
+	// held is the plan Hold kept for the filter's attach.
+	heldMu sync.Mutex
+	held   []Job
 }
 
 // Step is a step cgroup found under a job's.
@@ -165,6 +169,23 @@ func (a *Adopter) ask(j *Job) {
 		j.Refused = true
 		j.UID = a.taskOwner(j)
 	}
+}
+
+// Hold keeps plan until the filter's attach writes it (ApplyHeld).
+func (a *Adopter) Hold(plan []Job) {
+	a.heldMu.Lock()
+	defer a.heldMu.Unlock()
+	a.held = plan
+}
+
+// ApplyHeld applies the plan Hold kept, once: the first filter attached
+// writes it (enforcer.Options.Restore).
+func (a *Adopter) ApplyHeld(set func(devfilter.Cgroup, devfilter.Policy) error) {
+	a.heldMu.Lock()
+	plan := a.held
+	a.held = nil
+	a.heldMu.Unlock()
+	a.Apply(plan, set)
 }
 
 // Apply records the planned jobs and writes their kernel entries with set.

@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gpufence/gpufence/agent/adopt"
@@ -33,7 +32,6 @@ import (
 	"github.com/gpufence/gpufence/agent/handler"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
-	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/persist"
 	"github.com/gpufence/gpufence/agent/reconcile"
 	"github.com/gpufence/gpufence/agent/recovery"
@@ -44,7 +42,6 @@ import (
 	"github.com/gpufence/gpufence/agent/users"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
-	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
 
 // Filter is the kernel device filter; *devfilter.Filter implements it.
@@ -58,27 +55,12 @@ type Recorder = events.Recorder
 
 // NewKernelFilter is the FilterFactory for the real kernel filter; opts
 // holds everything but the scope.
-func NewKernelFilter(opts devfilter.Options) FilterFactory {
-	return func(scope string, prepare func(Filter) error) (Filter, error) {
-		o := opts
-		o.ScopeDir = scope
-		if prepare != nil {
-			o.BeforeAttach = func(f *devfilter.Filter) error { return prepare(f) }
-		}
-		return devfilter.New(o)
-	}
-}
+var NewKernelFilter = enforcer.KernelFilter
 
 // jobSource is slurmctld as the agent asks it; tests replace it.
 var jobSource = func(cfg config.Config) recovery.JobSource {
 	return &slurm.Controller{SlurmConf: cfg.SlurmConf, Node: cfg.NodeName, BinDir: cfg.SlurmBinDir}
 }
-
-type nopRecorder struct{}
-
-func (nopRecorder) Emit(audit.Record)                {}
-func (nopRecorder) ReportLoss(uint64)                {}
-func (nopRecorder) ReportRateFull(map[string]uint64) {}
 
 // Daemon is the running agent.
 type Daemon struct {
@@ -99,12 +81,7 @@ type Daemon struct {
 	users    *users.Cache
 	adopter  *adopt.Adopter
 
-	// adoptions are the running jobs found with no record at start, with
-	// slurmctld's answers, until the filter's attach writes them.
-	adoptMu   sync.Mutex
-	adoptions []adopt.Job
-
-	auditOnly atomic.Bool
+	mode *handler.Mode
 
 	// gresConf is the gres.conf the table was read beside.
 	gresConf string
@@ -123,11 +100,11 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		return nil, err
 	}
 	if rec == nil {
-		rec = nopRecorder{}
+		rec = events.Discard{}
 	}
-	d := &Daemon{cfg: cfg, log: log.With("component", "agent"), mount: mount, rec: rec, users: &users.Cache{}}
-	d.auditOnly.Store(cfg.Enforcement == config.EnforcementAuditOnly)
-	settings := &settingsCache{path: cfg.SlurmConf}
+	d := &Daemon{cfg: cfg, log: log.With("component", "agent"), mount: mount, rec: rec, users: &users.Cache{},
+		mode: handler.NewMode(cfg.Enforcement == config.EnforcementAuditOnly)}
+	settings := &handler.SettingsFile{Path: cfg.SlurmConf}
 	st, err := settings.Get()
 	if err != nil {
 		return nil, err
@@ -150,7 +127,11 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			return nil, err
 		}
 	}
-	d.reg = registry.New(d.store, d.log.With("component", "registry"))
+	var records registry.Store // a nil *store.Store is no store
+	if d.store != nil {
+		records = d.store
+	}
+	d.reg = registry.New(records, d.log.With("component", "registry"))
 	var resume *events.Reported
 	if p := d.countsPath(); p != "" {
 		// What the last agent reported of the pinned counters: what the
@@ -162,41 +143,7 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	d.ev = events.New(events.Options{Log: log.With("component", "events"), Recorder: rec, Owners: d.reg, Table: d.table,
 		Fabric:    devices.Fabric{NVSwitchMajor: cfg.NVSwitchMajor, NVLinkMajor: cfg.NVLinkMajor},
 		IMEXMajor: cfg.IMEXChannelsMajor,
-		Users:     d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize, Resume: resume})
-	d.enf = enforcer.New(enforcer.Options{
-		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
-		Slice: func() string {
-			// Unreadable now: system.slice, where nothing but root makes a
-			// cgroup; steps are refused on the same error anyway.
-			st, _ := settings.Get()
-			return st.CgroupSlice
-		},
-		SlurmdPid: func() string {
-			st, _ := settings.Get()
-			return st.SlurmdPid(cfg.NodeName)
-		},
-		NewFilter: newFilter, Registry: d.reg, Recorder: rec,
-		OnAttach: func(f enforcer.Filter) {
-			if cfg.TaskBinding == config.TaskBindingSlurm && f.Mode() == devfilter.ModePerCgroup {
-				d.log.Warn("task_binding: slurm narrows tasks in scope mode only; in per-cgroup mode (kernels before 6.1) every task keeps its step's GPUs")
-			}
-			adopted := false
-			if a, ok := f.(interface{ Adopted() bool }); ok {
-				adopted = a.Adopted()
-			}
-			d.ev.Read(f, f, adopted)
-		},
-		OnRelease:     d.ev.Release,
-		BeforeEnforce: d.beforeEnforce,
-		WatchSlurmd: func(dir string) {
-			if d.watch == nil {
-				return
-			}
-			if err := d.watch.WatchMade(dir); err != nil {
-				d.log.Warn("slurmd's cgroup made again is found by the periodic reconcile only", "cgroup", dir, "err", err)
-			}
-		},
-	})
+		Users:     d.users, AuditOnly: d.mode.AuditOnly, QueueSize: cfg.Audit.QueueSize, Resume: resume})
 	if cfg.RecoverFromSlurmctld {
 		d.recovery = &recovery.Recovery{Source: jobSource(cfg), Table: d.table, Node: cfg.NodeName}
 	}
@@ -210,20 +157,35 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			d.log.Warn("slurmd's start is found by the periodic reconcile only", "err", err)
 		}
 	}
-	d.h = &handler.Handler{Log: d.log, Mount: mount, Scope: cfg.Scope, Registry: d.reg, Enforcer: d.enf, Table: d.table,
-		Settings: settings, Recorder: rec, Users: d.users, Recovery: d.recovery, Watch: d.watchStep, PolicyMode: d.policyMode,
+	d.h = &handler.Handler{Log: d.log, Mount: mount, Scope: cfg.Scope, Registry: d.reg, Table: d.table,
+		Settings: settings, Recorder: rec, Users: d.users, Recovery: d.recovery, Mode: d.mode,
 		IMEXMajor: cfg.IMEXChannelsMajor, IMEXFromSlurm: cfg.IMEXChannels == config.IMEXSlurm,
 		TaskBinding:    cfg.TaskBinding == config.TaskBindingSlurm,
 		UnconfirmedMax: cfg.AdoptUnconfirmedMax.Duration}
-	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery, Watcher: d.watch,
-		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
-
 	var asker adopt.Asker
 	if d.recovery != nil {
 		asker = d.recovery
 	}
 	d.adopter = &adopt.Adopter{Log: d.log.With("component", "adopt"), Registry: d.reg, Asker: asker, Table: d.table,
 		Recorder: rec, Users: d.users, Unconfirmed: cfg.AdoptUnconfirmed}
+	eo := enforcer.Options{
+		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
+		Settings: settings, NewFilter: newFilter, Registry: d.reg, Recorder: rec,
+		Events: d.ev, OnRelease: d.ev.Release, TaskBinding: cfg.TaskBinding == config.TaskBindingSlurm,
+		// The recorded steps' entries (again: a crash may have come
+		// between a record and its entry), then the adopted jobs'.
+		Restore: []func(func(devfilter.Cgroup, devfilter.Policy) error){d.h.WriteRecorded, d.adopter.ApplyHeld},
+	}
+	if d.watch != nil { // a nil *cgwatch.Watcher is no watcher
+		d.h.Watch, eo.SlurmdWatch = d.watch, d.watch
+	}
+	d.enf = enforcer.New(eo)
+	d.h.Enforcer = d.enf
+	d.rc = &reconcile.Reconciler{Log: d.log, Registry: d.reg, Enforcer: d.enf, Handler: d.h, Recovery: d.recovery,
+		Spool: &failopen.Spool{Path: cfg.FailOpenSpool, Log: d.log, Recorder: rec, Users: d.users}}
+	if d.watch != nil {
+		d.rc.Watcher = d.watch
+	}
 
 	d.restore()
 	if d.store != nil {
@@ -243,15 +205,13 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	if scope := found.Scope; scope != "" {
 		// Jobs already running with no record (gpufence put on a busy
 		// node): slurmctld is asked now, and their entries are written
-		// before the filter's program first runs (beforeEnforce).
+		// before the filter's program first runs (enforcer.Options.Restore).
 		t0 := time.Now()
 		plan := d.adopter.Plan(scope)
 		if len(plan) > 0 {
 			d.log.Info("running jobs found with no record; slurmctld asked", "jobs", len(plan), "took", time.Since(t0))
 		}
-		d.adoptMu.Lock()
-		d.adoptions = plan
-		d.adoptMu.Unlock()
+		d.adopter.Hold(plan)
 		if err := d.enf.Ensure(scope); err != nil {
 			d.Close()
 			return nil, err
@@ -361,133 +321,20 @@ func (d *Daemon) ReloadGPUTable(ctx context.Context) bool {
 	return ok
 }
 
-func (d *Daemon) watchStep(cg devfilter.Cgroup) {
-	if d.watch == nil || cg.Path == "" {
-		return
-	}
-	if err := d.watch.Add(cg.Path, cg.ID); err != nil {
-		d.log.Debug("step cgroup not watched; reconcile will find its end", "cgroup", cg.Path, "err", err)
-	}
-}
-
-// restore takes back what an earlier agent recorded: the pinned store,
-// which survives any crash; where it is new (first start, or an agent that
-// kept only a state file), the state file, copied into the store (which
-// New then commits: a crash before that leaves no store, and the next
-// start copies the file again).
+// restore takes back what an earlier agent recorded (registry.Reload):
+// the pinned store, else, where it is new, the state file, copied into
+// the store (which New then commits: a crash before that leaves no store,
+// and the next start copies the file again).
 func (d *Daemon) restore() {
-	var jobs []registry.Job
-	var steps []registry.Step
-	from := ""
-	if d.store != nil && !d.store.Created {
-		sj, err1 := d.store.Jobs()
-		ss, err2 := d.store.Steps()
-		if err := errors.Join(err1, err2); err != nil {
-			d.log.Error("read the pinned store; running jobs are recovered from slurmctld", "err", err)
-		}
-		for _, j := range sj {
-			rj := registry.Job{ID: j.ID, UID: j.UID, GPUs: j.GPUs, NoProlog: j.Flags&store.FlagNoProlog != 0,
-				Created: time.Unix(0, j.CreatedUnixNano)}
-			if j.Flags&store.FlagBroken != 0 {
-				rj.Broken = fmt.Sprintf("job %d's GPU list was found unusable before the agent restarted; its GPU steps are refused", j.ID)
-			}
-			if j.Flags&store.FlagRecovered != 0 {
-				rj.Recovered = "slurmctld, before the agent restarted"
-			}
-			switch {
-			case j.Flags&store.FlagUnconfirmedAuditOnly != 0:
-				rj.Unconfirmed, rj.Adopted = registry.UnconfirmedAuditOnly, "not confirmed by slurmctld before the agent restarted"
-			case j.Flags&store.FlagUnconfirmedDeny != 0:
-				rj.Unconfirmed, rj.Adopted = registry.UnconfirmedDeny, "not confirmed by slurmctld before the agent restarted"
-			}
-			jobs = append(jobs, rj)
-		}
-		for _, s := range ss {
-			steps = append(steps, registry.Step{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs,
-				Cgroup:    devfilter.Cgroup{ID: s.CgroupID, Path: s.Cgroup},
-				AuditOnly: s.Flags&store.StepFlagAuditOnly != 0, Adopted: s.Flags&store.StepFlagAdopted != 0,
-				IMEXChannels: store.IMEXChannels(s.Flags)})
-		}
-		from = "the pinned store " + d.cfg.PinDir
-	} else {
-		saved, _, err := statefile.Read(d.cfg.StateFile)
-		if err != nil {
-			d.log.Error("saved agent state unreadable; running jobs are recovered from slurmctld", "err", err)
-		}
-		if saved != nil {
-			for _, sj := range saved.Jobs {
-				jobs = append(jobs, registry.Job{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, Broken: sj.Broken, NoProlog: sj.NoProlog,
-					Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: unconfirmed(sj.Unconfirmed), Dir: sj.Dir, Created: sj.Created})
-				for _, ss := range sj.Steps {
-					steps = append(steps, registry.Step{JobID: sj.ID, StepID: ss.ID, UID: ss.UID, GPUs: ss.GPUs,
-						Cgroup: devfilter.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}, AuditOnly: ss.AuditOnly, Adopted: ss.Adopted})
-				}
-			}
-			from = "the state file " + d.cfg.StateFile
-		}
-	}
-	d.reg.Restore(jobs, steps)
-	if d.store != nil && d.store.Created && len(jobs) > 0 {
-		// From an older agent's state file: into the store from now on.
-		d.reg.WriteAll()
-	}
-	for _, s := range steps {
-		d.watchStep(s.Cgroup)
-	}
+	steps, from := d.reg.Reload(d.store != nil && !d.store.Created, d.cfg.StateFile)
+	d.h.WatchRecorded()
 	if n := len(d.reg.Jobs()); n > 0 {
-		d.log.Info("restored jobs", "jobs", n, "steps", len(steps), "from", from)
+		d.log.Info("restored jobs", "jobs", n, "steps", len(steps), "from", from, "pin_dir", d.cfg.PinDir)
 	}
-}
-
-// beforeEnforce runs with each filter loaded and not yet enforcing: the
-// recorded steps' entries (again: a crash may have come between a record
-// and its entry), then the adopted jobs'.
-func (d *Daemon) beforeEnforce(f Filter) error {
-	for _, s := range d.reg.Steps() {
-		if id, err := jobcgroup.ID(s.Cgroup.Path); err != nil || id != s.Cgroup.ID {
-			continue // gone: reconcile releases it
-		}
-		var p devfilter.Policy
-		if set, err := d.table.Devices(s.GPUs); err == nil {
-			p = devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors}
-		}
-		p.AuditOnly, p.IMEXChannels = s.AuditOnly, s.IMEXChannels
-		if err := f.Set(s.Cgroup, p); err != nil {
-			d.log.Error("restore a step's kernel entry", "job_id", s.JobID, "cgroup", s.Cgroup.Path, "err", err)
-		}
-	}
-	d.adoptMu.Lock()
-	plan := d.adoptions
-	d.adoptions = nil
-	d.adoptMu.Unlock()
-	d.adopter.Apply(plan, f.Set)
-	return nil
-}
-
-// unconfirmed is a state file's unconfirmed mode; anything but audit-only
-// (a damaged or hand-edited file) reads as deny.
-func unconfirmed(s string) string {
-	switch s {
-	case "":
-		return ""
-	case registry.UnconfirmedAuditOnly:
-		return s
-	}
-	return registry.UnconfirmedDeny
 }
 
 func (d *Daemon) snapshot() statefile.File {
-	st := statefile.File{Scope: d.enf.Scope(), Jobs: []statefile.Job{}, GPUTable: d.tableState()}
-	byJob := map[uint32][]statefile.Step{}
-	for _, s := range d.reg.Steps() {
-		byJob[s.JobID] = append(byJob[s.JobID], statefile.Step{ID: s.StepID, UID: s.UID, CgroupID: s.Cgroup.ID, Cgroup: s.Cgroup.Path, GPUs: s.GPUs,
-			AuditOnly: s.AuditOnly, Adopted: s.Adopted})
-	}
-	for _, j := range d.reg.Jobs() {
-		st.Jobs = append(st.Jobs, statefile.Job{ID: j.ID, UID: j.UID, GPUs: j.GPUs, Broken: j.Broken, NoProlog: j.NoProlog,
-			Recovered: j.Recovered, Adopted: j.Adopted, Unconfirmed: j.Unconfirmed, Dir: j.Dir, Created: j.Created, Steps: byJob[j.ID]})
-	}
-	return st
+	return statefile.File{Scope: d.enf.Scope(), Jobs: d.reg.State(), GPUTable: d.tableState()}
 }
 
 // tableState is the GPU table as gpufence status shows it.
@@ -505,17 +352,8 @@ func (d *Daemon) tableState() *statefile.GPUTable {
 	return t
 }
 
-func (d *Daemon) policyMode() string {
-	if d.auditOnly.Load() {
-		return audit.ModeAuditOnly
-	}
-	return audit.ModeEnforce
-}
-
-// Handle answers one plugin request.
-func (d *Daemon) Handle(ctx context.Context, p peer.Peer, req *pb.Request) *pb.Response {
-	return d.h.Handle(ctx, p, req)
-}
+// Handler answers the plugin's requests; the server calls it directly.
+func (d *Daemon) Handler() *handler.Handler { return d.h }
 
 // Reconcile runs one reconcile pass (agent/reconcile).
 func (d *Daemon) Reconcile() { d.rc.Pass() }
@@ -550,7 +388,7 @@ func (d *Daemon) Healthy() {
 
 // SetAuditOnly switches between enforcing and audit-only at run time.
 func (d *Daemon) SetAuditOnly(on bool) error {
-	d.auditOnly.Store(on)
+	d.mode.Set(on)
 	return d.enf.SetAuditOnly(on)
 }
 
@@ -672,39 +510,3 @@ func (d *Daemon) Counts() Counts {
 
 // Version is logged at start.
 func Version() string { return version.Version }
-
-// settingsCache re-reads slurm.conf and cgroup.conf only when either
-// changed, so a slurmd restarted with another ConstrainDevices is followed
-// without an agent restart and without reading files on every step.
-type settingsCache struct {
-	path string
-
-	mu    sync.Mutex
-	stamp [2]time.Time
-	val   slurm.Settings
-	ok    bool
-}
-
-// Get returns the settings, re-read when the files changed.
-func (c *settingsCache) Get() (slurm.Settings, error) {
-	stamp := [2]time.Time{mtime(c.path), mtime(filepath.Join(filepath.Dir(c.path), "cgroup.conf"))}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.ok && stamp == c.stamp {
-		return c.val, nil
-	}
-	v, err := slurm.ReadSettings(c.path)
-	if err != nil {
-		return v, err
-	}
-	c.val, c.stamp, c.ok = v, stamp, true
-	return v, nil
-}
-
-func mtime(path string) time.Time {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return time.Time{}
-	}
-	return fi.ModTime()
-}

@@ -222,7 +222,7 @@ func call(d *Daemon, pid int, msg any) *pb.Response {
 	case *pb.JobEpilog:
 		req.Msg = &pb.Request_JobEpilog{JobEpilog: m}
 	}
-	return d.Handle(nil, peer.Peer{PID: pid}, req)
+	return d.h.Handle(nil, peer.Peer{PID: pid}, req)
 }
 
 func ptr(s string) *string { return &s }

@@ -102,7 +102,7 @@ func (tr *tree) imexStepd(dir, chanDir string, major, minor uint32) (int, func()
 }
 
 func callChannel(d *Daemon, pid int, job, step uint32) *pb.Response {
-	return d.Handle(nil, peer.Peer{PID: pid}, &pb.Request{Version: pb.ProtocolVersion_PROTOCOL_VERSION_1,
+	return d.h.Handle(nil, peer.Peer{PID: pid}, &pb.Request{Version: pb.ProtocolVersion_PROTOCOL_VERSION_1,
 		Msg: &pb.Request_StepChannel{StepChannel: &pb.StepChannel{JobId: job, StepId: step}}})
 }
 

@@ -309,7 +309,7 @@ func TestPrivilegedStepCycles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(ln, d, log, 5*time.Second)
+	srv := server.New(ln, d.Handler(), log, 5*time.Second)
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- srv.Serve(ctx) }()
 	t.Cleanup(func() {

@@ -18,7 +18,7 @@ import (
 )
 
 func taskBind(d *Daemon, pid int, m *pb.TaskBind) *pb.Response {
-	return d.Handle(nil, peer.Peer{PID: pid}, &pb.Request{Version: pb.ProtocolVersion_PROTOCOL_VERSION_1, Msg: &pb.Request_TaskBind{TaskBind: m}})
+	return d.h.Handle(nil, peer.Peer{PID: pid}, &pb.Request{Version: pb.ProtocolVersion_PROTOCOL_VERSION_1, Msg: &pb.Request_TaskBind{TaskBind: m}})
 }
 
 // TestPrivilegedDaemonTaskBinding: with task_binding: slurm, a task's

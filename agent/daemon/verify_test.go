@@ -46,7 +46,7 @@ func (tr *tree) serve(d *Daemon) string {
 		tr.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := server.New(ln, d, slog.New(slog.NewTextHandler(io.Discard, nil)), 5*time.Second)
+	srv := server.New(ln, d.Handler(), slog.New(slog.NewTextHandler(io.Discard, nil)), 5*time.Second)
 	done := make(chan struct{})
 	go func() { srv.Serve(ctx); close(done) }()
 	tr.t.Cleanup(func() { cancel(); <-done })
@@ -326,7 +326,7 @@ func (tr *tree) refusals(d *Daemon, mode devfilter.Mode) {
 		"gpufence-verify-x/given", "system", "slurmd", "job_7/step_0/user/task_0"} {
 		dir := tr.mkdir(rel)
 		p := tr.start(dir)
-		r := d.Handle(nil, peer.Peer{PID: p.Process.Pid}, &pb.Request{Msg: &pb.Request_VerifyStart{VerifyStart: &pb.VerifyStart{}}})
+		r := d.h.Handle(nil, peer.Peer{PID: p.Process.Pid}, &pb.Request{Msg: &pb.Request_VerifyStart{VerifyStart: &pb.VerifyStart{}}})
 		p.Process.Kill()
 		p.Wait()
 		if r.Error == "" || r.Verify != nil {
@@ -340,7 +340,7 @@ func (tr *tree) refusals(d *Daemon, mode devfilter.Mode) {
 	dir := tr.mkdir("gpufence-verify-13/given")
 	os.Chown(filepath.Dir(dir), 1000, 1000)
 	p := tr.start(dir)
-	r := d.Handle(nil, peer.Peer{PID: p.Process.Pid}, &pb.Request{Msg: &pb.Request_VerifyStart{VerifyStart: &pb.VerifyStart{}}})
+	r := d.h.Handle(nil, peer.Peer{PID: p.Process.Pid}, &pb.Request{Msg: &pb.Request_VerifyStart{VerifyStart: &pb.VerifyStart{}}})
 	p.Process.Kill()
 	p.Wait()
 	if !strings.Contains(r.Error, "not root's") {
@@ -351,7 +351,7 @@ func (tr *tree) refusals(d *Daemon, mode devfilter.Mode) {
 	dir = tr.mkdir("gpufence-verify-14/given")
 	p = tr.start(dir)
 	g := uint32(9)
-	r = d.Handle(nil, peer.Peer{PID: p.Process.Pid}, &pb.Request{Msg: &pb.Request_VerifyStart{VerifyStart: &pb.VerifyStart{Gpu: &g}}})
+	r = d.h.Handle(nil, peer.Peer{PID: p.Process.Pid}, &pb.Request{Msg: &pb.Request_VerifyStart{VerifyStart: &pb.VerifyStart{Gpu: &g}}})
 	p.Process.Kill()
 	p.Wait()
 	if !strings.Contains(r.Error, "GPU 9 is not in this node's GPU table") {
@@ -360,7 +360,7 @@ func (tr *tree) refusals(d *Daemon, mode devfilter.Mode) {
 	tr.removeJobCgroup("gpufence-verify-14")
 	// VerifyEnd of a step's cgroup: refused, the step keeps its entry.
 	id, _ := jobcgroup.ID(filepath.Join(tr.scope, "job_7/step_0"))
-	r = d.Handle(nil, peer.Peer{}, &pb.Request{Msg: &pb.Request_VerifyEnd{VerifyEnd: &pb.VerifyEnd{CgroupId: id}}})
+	r = d.h.Handle(nil, peer.Peer{}, &pb.Request{Msg: &pb.Request_VerifyEnd{VerifyEnd: &pb.VerifyEnd{CgroupId: id}}})
 	if !strings.Contains(r.Error, "is not a verify cgroup") {
 		t.Errorf("VerifyEnd of a step: %+v", r)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/events"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/registry"
@@ -60,18 +61,84 @@ type Recorder interface {
 	Emit(r audit.Record)
 }
 
+// Cgroups is what the enforcer reads of the node: Slurm's scope and
+// slurmd's cgroup as /proc shows them, and cgroupfs. nil in Options: this
+// node's (jobcgroup.Node, and the kernel's lookup of a cgroup by id).
+type Cgroups interface {
+	Find(w jobcgroup.Where) jobcgroup.Found
+	Slurmd(f jobcgroup.Found, mount, pidFile string) (string, error)
+	ID(dir string) (uint64, error)
+	// Exists reports whether a cgroup with id is alive.
+	Exists(id uint64) (bool, error)
+	// Dirs are the directories matching a filepath.Glob pattern.
+	Dirs(pattern string) []string
+}
+
+// Pins is what an earlier agent left pinned under PinDir: the cgroup its
+// slurmd link is on, and the entries of cgroups that are gone. nil in
+// Options: bpf/devfilter's.
+type Pins interface {
+	SlurmdCgroup(pinDir string) uint64
+	CleanStale(pinDir string, live func(id uint64) bool) (removed []uint64, err error)
+}
+
+type node struct{ jobcgroup.Node }
+
+func (node) Exists(id uint64) (bool, error) { return devfilter.CgroupExists(id) }
+
+type pins struct{}
+
+func (pins) SlurmdCgroup(dir string) uint64 { return devfilter.PinnedSlurmdCgroup(dir) }
+
+func (pins) CleanStale(dir string, live func(uint64) bool) ([]uint64, error) {
+	if _, err := os.Stat(dir); err != nil {
+		return nil, nil // nothing pinned yet
+	}
+	return devfilter.CleanStale(dir, live)
+}
+
+// Settings are Slurm's settings as they are now; *handler.SettingsFile
+// implements it.
+type Settings interface {
+	Get() (slurm.Settings, error)
+}
+
+// Reader reads the kernel's access reports of a filter from its attach
+// on; *events.Events implements it.
+type Reader interface {
+	Read(src events.Source, c events.Counters, adopted bool)
+}
+
+// SlurmdWatch watches for slurmd's cgroup made again; *cgwatch.Watcher
+// implements it.
+type SlurmdWatch interface {
+	WatchMade(dir string) error
+}
+
+// KernelFilter is the Factory of the kernel's device filter; opts holds
+// everything but the scope.
+func KernelFilter(opts devfilter.Options) Factory {
+	return func(scope string, prepare func(Filter) error) (Filter, error) {
+		o := opts
+		o.ScopeDir = scope
+		if prepare != nil {
+			o.BeforeAttach = func(f *devfilter.Filter) error { return prepare(f) }
+		}
+		return devfilter.New(o)
+	}
+}
+
 // Options configure an Enforcer.
 type Options struct {
 	Log *slog.Logger
 	// Mount is the cgroup v2 mount; Scope the configured scope ("" = found).
 	Mount, Scope, Node string
-	// Slice returns cgroup.conf's CgroupSlice as it is now ("" =
-	// system.slice): where slurmd makes its scope. nil = system.slice.
-	Slice func() string
-	// SlurmdPid returns the file this node's slurmd writes its pid to
-	// (slurm.conf's SlurmdPidFile): which root slurmd is this node's, for
-	// its cgroup outside the scope. nil = Slurm's default.
-	SlurmdPid func() string
+	// Settings are Slurm's as they are now: cgroup.conf's CgroupSlice
+	// (where slurmd makes its scope; "" = system.slice) and slurm.conf's
+	// SlurmdPidFile (which root slurmd is this node's, for its cgroup
+	// outside the scope). nil, or unreadable: system.slice and Slurm's
+	// default pid file (steps are refused on the same error anyway).
+	Settings Settings
 	// Exempt are the scope's children that keep every device.
 	Exempt []string
 	// PinDir is where the filter pins (for the stale cleanup at start).
@@ -79,23 +146,30 @@ type Options struct {
 	NewFilter Factory
 	Registry  *registry.Registry
 	Recorder  Recorder
-	// OnAttach is told of each filter attached (the event reader's start);
-	// OnRelease of each cgroup whose entry went (its last rate counts are
+	// Events, when set, is told of each filter attached: the kernel's
+	// access reports are read from then on (*events.Events). OnRelease is
+	// told of each cgroup whose entry went (its last rate counts are
 	// flushed, then forgotten). Neither may block.
-	OnAttach  func(Filter)
+	Events    Reader
 	OnRelease func(id uint64, o registry.Owner)
-	// WatchSlurmd, when set, is told slurmd's cgroup outside the scope
+	// TaskBinding is task_binding: slurm, which narrows tasks in scope
+	// mode only: a filter attached in per-cgroup mode says so.
+	TaskBinding bool
+	// SlurmdWatch, when set, is told slurmd's cgroup outside the scope
 	// each time the filter is put there: systemd makes it again at every
-	// slurmd restart, and a watch on its parent (cgwatch) calls
+	// slurmd restart, and a watch on its parent (*cgwatch.Watcher) calls
 	// RefreshSlurmd at once (as one on the pid file does when slurmd
 	// starts). It must not block.
-	WatchSlurmd func(dir string)
-	// BeforeEnforce, when set, is called with each filter being attached,
-	// after the exempt entries and before the program first runs: the
-	// entries of recorded steps and of running jobs the agent adopts go in
-	// there, so no process of theirs ever meets an empty map. It must not
-	// block.
-	BeforeEnforce func(Filter) error
+	SlurmdWatch SlurmdWatch
+	// Restore are called with each filter being attached, after the exempt
+	// entries and before the program first runs, to write entries with
+	// set: those of recorded steps (handler.WriteRecorded) and of running
+	// jobs the agent adopts (adopt.ApplyHeld), so no process of theirs
+	// ever meets an empty map. None may block.
+	Restore []func(set func(devfilter.Cgroup, devfilter.Policy) error)
+	// Cgroups and Pins read the node; nil: this node's.
+	Cgroups Cgroups
+	Pins    Pins
 }
 
 // Enforcer keeps the filter. Its methods are safe for concurrent use.
@@ -130,11 +204,14 @@ type Enforcer struct {
 
 // New returns an enforcer with no filter yet.
 func New(o Options) *Enforcer {
-	if o.OnAttach == nil {
-		o.OnAttach = func(Filter) {}
-	}
 	if o.OnRelease == nil {
 		o.OnRelease = func(uint64, registry.Owner) {}
+	}
+	if o.Cgroups == nil {
+		o.Cgroups = node{}
+	}
+	if o.Pins == nil {
+		o.Pins = pins{}
 	}
 	return &Enforcer{o: o, ended: map[uint64]devfilter.Cgroup{}, ignored: map[string]bool{}}
 }
@@ -150,8 +227,9 @@ func (e *Enforcer) lifecycle(ev audit.Event, sev audit.Severity, msg string, fil
 // Where is where slurmd makes its scope on this node, as now configured.
 func (e *Enforcer) Where() jobcgroup.Where {
 	w := jobcgroup.Where{Mount: e.o.Mount, Configured: e.o.Scope, Node: e.o.Node}
-	if e.o.Slice != nil {
-		w.Slice = e.o.Slice()
+	if e.o.Settings != nil {
+		st, _ := e.o.Settings.Get()
+		w.Slice = st.CgroupSlice
 	}
 	return w
 }
@@ -163,7 +241,7 @@ func (e *Enforcer) Where() jobcgroup.Where {
 // their own delegated subtree) is logged once as ignored. It reads /proc:
 // never call it holding e.mu.
 func (e *Enforcer) FindScope() jobcgroup.Found {
-	f := jobcgroup.Find(e.Where())
+	f := e.o.Cgroups.Find(e.Where())
 	e.note(f)
 	return f
 }
@@ -238,7 +316,7 @@ func (e *Enforcer) ensureLocked(scope string) error {
 		}
 		return nil
 	}
-	id, err := jobcgroup.ID(scope)
+	id, err := e.o.Cgroups.ID(scope)
 	if err != nil {
 		return fmt.Errorf("Slurm's scope %s: %w", scope, err)
 	}
@@ -249,7 +327,7 @@ func (e *Enforcer) ensureLocked(scope string) error {
 	if scope != e.scope {
 		// Another scope path: only when the old one is gone (a CgroupSlice
 		// change), never two live scopes on one node.
-		if oldID, err := jobcgroup.ID(e.scope); err == nil && oldID == e.scopeID && linked == oldID {
+		if oldID, err := e.o.Cgroups.ID(e.scope); err == nil && oldID == e.scopeID && linked == oldID {
 			return fmt.Errorf("step is under scope %s but the device filter is attached to %s, which still exists", scope, e.scope)
 		}
 	}
@@ -281,12 +359,12 @@ func (e *Enforcer) ensureLocked(scope string) error {
 // attachLocked attaches the filter on scope. e.mu is held.
 func (e *Enforcer) attachLocked(scope string) error {
 	e.cleanStaleLocked(scope)
-	id, _ := jobcgroup.ID(scope)
+	id, _ := e.o.Cgroups.ID(scope)
 	f, err := e.o.NewFilter(scope, func(f Filter) error {
 		e.filter, e.scope, e.scopeID = f, scope, id
 		e.refreshExemptLocked()
-		if e.o.BeforeEnforce != nil {
-			return e.o.BeforeEnforce(f)
+		for _, restore := range e.o.Restore {
+			restore(f.Set)
 		}
 		return nil
 	})
@@ -308,7 +386,12 @@ func (e *Enforcer) attachLocked(scope string) error {
 		adopted = a.Adopted()
 	}
 	e.o.Log.Info("device filter attached", "cgroup", scope, "mode", f.Mode(), "adopted_pinned", adopted)
-	e.o.OnAttach(f)
+	if e.o.TaskBinding && f.Mode() == devfilter.ModePerCgroup {
+		e.o.Log.Warn("task_binding: slurm narrows tasks in scope mode only; in per-cgroup mode (kernels before 6.1) every task keeps its step's GPUs")
+	}
+	if e.o.Events != nil {
+		e.o.Events.Read(f, f, adopted)
+	}
 	e.refreshExemptLocked()
 	return nil
 }
@@ -337,7 +420,7 @@ func (e *Enforcer) refreshExemptLocked() {
 	have := e.o.Registry.Exempts()
 	for _, name := range e.o.Exempt {
 		dir := filepath.Join(e.scope, name)
-		id, err := jobcgroup.ID(dir)
+		id, err := e.o.Cgroups.ID(dir)
 		old, had := have[name]
 		if had && (err != nil || id != old.ID) {
 			if err := e.filter.Remove(old); err != nil {
@@ -410,7 +493,7 @@ func (e *Enforcer) ForgetEnded() {
 		return
 	}
 	for id, cg := range e.ended {
-		if now, err := jobcgroup.ID(cg.Path); err == nil && now == id {
+		if now, err := e.o.Cgroups.ID(cg.Path); err == nil && now == id {
 			continue
 		}
 		if err := e.filter.Remove(cg); err != nil {
@@ -436,7 +519,7 @@ func (e *Enforcer) Reconcile() {
 	// nothing: the filter stays where it is.
 	found := e.FindScope()
 	scope := found.Scope
-	slurmd, serr := found.Slurmd(e.o.Mount, e.slurmdPid())
+	slurmd, serr := e.o.Cgroups.Slurmd(found, e.o.Mount, e.slurmdPid())
 	e.mu.Lock()
 	e.noteGoneLocked(found)
 	switch {
@@ -464,7 +547,7 @@ func (e *Enforcer) noteGoneLocked(f jobcgroup.Found) {
 	if e.filter == nil || e.scope == "" {
 		return
 	}
-	_, err := os.Stat(e.scope)
+	_, err := e.o.Cgroups.ID(e.scope)
 	gone := errors.Is(err, os.ErrNotExist) && f.Scope == ""
 	if gone && !e.gone {
 		e.o.Log.Info("Slurm's scope is gone; the filter is re-attached when slurmd makes it again, never to another cgroup meanwhile", "cgroup", e.scope, "expected", f.Expected)
@@ -479,27 +562,21 @@ func (e *Enforcer) cleanStaleLocked(scope string) {
 	if e.o.PinDir == "" {
 		return
 	}
-	if _, err := os.Stat(e.o.PinDir); err != nil {
-		return // nothing pinned yet
-	}
 	live := map[uint64]bool{}
 	// slurmd's cgroup outside the scope keeps its entry: the pinned link
 	// there decides its tasks by it, root slurmd's NVML included.
-	if id := devfilter.PinnedSlurmdCgroup(e.o.PinDir); id != 0 {
+	if id := e.o.Pins.SlurmdCgroup(e.o.PinDir); id != 0 {
 		live[id] = true
 	}
 	// Job, step and (task_binding: slurm) task cgroups hold entries.
 	for _, pattern := range []string{"*", "*/*", "*/*/user/task_*"} {
-		dirs, _ := filepath.Glob(filepath.Join(scope, pattern))
-		for _, dir := range dirs {
-			if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-				if id, err := jobcgroup.ID(dir); err == nil {
-					live[id] = true
-				}
+		for _, dir := range e.o.Cgroups.Dirs(filepath.Join(scope, pattern)) {
+			if id, err := e.o.Cgroups.ID(dir); err == nil {
+				live[id] = true
 			}
 		}
 	}
-	removed, err := devfilter.CleanStale(e.o.PinDir, func(id uint64) bool { return live[id] })
+	removed, err := e.o.Pins.CleanStale(e.o.PinDir, func(id uint64) bool { return live[id] })
 	if err != nil {
 		e.o.Log.Error("clean stale pinned entries", "err", err)
 		return
@@ -538,7 +615,7 @@ func (e *Enforcer) sweepOrphansLocked() {
 		if _, ended := e.ended[id]; ended {
 			continue
 		}
-		if exists, err := devfilter.CgroupExists(id); err != nil || exists {
+		if exists, err := e.o.Cgroups.Exists(id); err != nil || exists {
 			continue
 		}
 		if err := e.filter.Remove(devfilter.Cgroup{ID: id}); err != nil {
@@ -609,7 +686,7 @@ func (e *Enforcer) Guards(live string) (mode devfilter.Mode, scope, problem stri
 	if mode != devfilter.ModeScope {
 		return mode, scope, ""
 	}
-	id, err := jobcgroup.ID(live)
+	id, err := e.o.Cgroups.ID(live)
 	if err != nil {
 		return mode, scope, fmt.Sprintf("Slurm's scope %s: %v", live, err)
 	}
@@ -632,15 +709,16 @@ func (e *Enforcer) Guards(live string) (mode devfilter.Mode, scope, problem stri
 // every pass. It reads /proc: never call it holding e.mu.
 func (e *Enforcer) RefreshSlurmd() {
 	found := e.FindScope()
-	slurmd, serr := found.Slurmd(e.o.Mount, e.slurmdPid())
+	slurmd, serr := e.o.Cgroups.Slurmd(found, e.o.Mount, e.slurmdPid())
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.refreshSlurmdLocked(slurmd, serr)
 }
 
 func (e *Enforcer) slurmdPid() string {
-	if e.o.SlurmdPid != nil {
-		return e.o.SlurmdPid()
+	if e.o.Settings != nil {
+		st, _ := e.o.Settings.Get()
+		return st.SlurmdPid(e.o.Node)
 	}
 	return slurm.DefaultSlurmdPidFile
 }
@@ -675,7 +753,7 @@ func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
 	if dir == "" {
 		return
 	}
-	id, err := jobcgroup.ID(dir)
+	id, err := e.o.Cgroups.ID(dir)
 	if err != nil {
 		// Gone: systemd makes it again when slurmd starts.
 		return
@@ -725,8 +803,10 @@ func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
 				})
 		}
 	}
-	if dir != e.slurmdDir && e.o.WatchSlurmd != nil {
-		e.o.WatchSlurmd(dir)
+	if dir != e.slurmdDir && e.o.SlurmdWatch != nil {
+		if err := e.o.SlurmdWatch.WatchMade(dir); err != nil {
+			e.o.Log.Warn("slurmd's cgroup made again is found by the periodic reconcile only", "cgroup", dir, "err", err)
+		}
 	}
 	e.slurmdDir, e.slurmdName, e.slurmdID = dir, name, id
 	if ferr == nil {

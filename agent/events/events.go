@@ -38,6 +38,19 @@ type Recorder interface {
 	ReportRateFull(byDecision map[string]uint64)
 }
 
+// Discard is a Recorder that keeps nothing (an agent run without an
+// audit trail, in tests).
+type Discard struct{}
+
+// Emit drops r.
+func (Discard) Emit(audit.Record) {}
+
+// ReportLoss drops the count.
+func (Discard) ReportLoss(uint64) {}
+
+// ReportRateFull drops the counts.
+func (Discard) ReportRateFull(map[string]uint64) {}
+
 // Source is the kernel's event stream (the device filter).
 type Source interface {
 	ReadEvent() (devfilter.Event, error)

@@ -118,7 +118,7 @@ func (h *Handler) retryUnconfirmed(j registry.Job) {
 		h.Log.Info(msg, "job_id", j.ID)
 		h.emit(audit.EventJobAdopted, sev, msg, func(r *audit.Record) {
 			fill(r)
-			r.GPUs, r.Reason, r.PolicyMode = slices.Clone(nj.GPUs), nj.Adopted, h.PolicyMode()
+			r.GPUs, r.Reason, r.PolicyMode = slices.Clone(nj.GPUs), nj.Adopted, h.Mode.String()
 		})
 	case o.Ambiguous:
 		if j.Unconfirmed == registry.UnconfirmedDeny {

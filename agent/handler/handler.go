@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/gpufence/gpufence/agent/gpulist"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -22,6 +21,7 @@ import (
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/enforcer"
+	"github.com/gpufence/gpufence/agent/gpulist"
 	"github.com/gpufence/gpufence/agent/imexchan"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/peer"
@@ -69,17 +69,19 @@ type Handler struct {
 	// UnconfirmedMax bounds how long an adopted job stays audit-only
 	// unconfirmed (adopt_unconfirmed_max); 0: no bound.
 	UnconfirmedMax time.Duration
-	// Watch asks to be told when a step's cgroup goes (its end).
-	Watch func(cg devfilter.Cgroup)
-	// PolicyMode is what records say the filter enforces.
-	PolicyMode func() string
+	// Cgroups reads /proc and cgroupfs; nil: this node's.
+	Cgroups Cgroups
+	// Watch, when set, is told each registered step's cgroup (its end).
+	Watch Watcher
+	// Mode is what records say the filter enforces; nil: enforce.
+	Mode *Mode
 	// IMEXMajor is the IMEX channel major the filter narrows (0: none);
 	// with IMEXFromSlurm, a GPU step may open the channel Slurm's
 	// switch/nvidia_imex made for it (StepChannel), else none.
 	IMEXMajor     uint32
 	IMEXFromSlurm bool
-	// IMEX reads a process's channel; the zero value reads /proc.
-	IMEX imexchan.Reader
+	// IMEX reads a process's channel; nil reads /proc.
+	IMEX IMEXReader
 	// TaskBinding narrows each task of a numbered GPU step to its own
 	// binding (task_binding: slurm; scope mode only): the StepStart answer
 	// asks the plugin for each task's TaskBind.
@@ -175,7 +177,7 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 		})
 		return err
 	}
-	loc, err := jobcgroup.ForPID(h.Mount, p.PID, h.Scope)
+	loc, err := h.forPID(p.PID)
 	if err == nil {
 		// The pid was read from the socket; the cgroup from /proc. Both
 		// name slurmstepd only if it is still the same process.
@@ -185,7 +187,7 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 		return nil, lookupFailed(fmt.Errorf("step %s: cannot place slurmstepd in Slurm's cgroup tree (%v); gpufence needs CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup", name, err))
 	}
 	for _, pid := range m.GetTaskPids() {
-		tl, err := jobcgroup.ForPID(h.Mount, int(pid), h.Scope)
+		tl, err := h.forPID(int(pid))
 		if err != nil {
 			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d: %v", name, pid, err))
 		}
@@ -193,7 +195,7 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d is in %s, not in its step's cgroup %s", name, pid, tl.Step, loc.Step))
 		}
 	}
-	cgID, err := jobcgroup.ID(loc.Step)
+	cgID, err := h.cgroups().ID(loc.Step)
 	if err != nil {
 		return nil, lookupFailed(fmt.Errorf("step %s: %v", name, err))
 	}
@@ -283,7 +285,7 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 		h.releaseTasks(prev)
 	}
 	// The record first, then the kernel entry: a crash between them leaves
-	// a record whose entry the next start writes (beforeEnforce), never an
+	// a record whose entry the next start writes (WriteRecorded), never an
 	// entry the agent has no record of.
 	placeholder := h.Registry.AddStep(registry.Step{JobID: jobID, StepID: stepID, UID: uid, Cgroup: cg, GPUs: dec.GPUs, AuditOnly: auditOnly, IMEXChannels: imex}, loc.Job)
 	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: auditOnly, IMEXChannels: imex}); err != nil {
@@ -300,10 +302,8 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(uid), user
 		})
 	}
-	if h.Watch != nil {
-		h.Watch(cg)
-	}
-	mode, msg := h.PolicyMode(), fmt.Sprintf("job %d step %s may open GPUs [%s]", jobID, policy.StepName(stepID), gpulist.Format(dec.GPUs))
+	h.watch(cg)
+	mode, msg := h.Mode.String(), fmt.Sprintf("job %d step %s may open GPUs [%s]", jobID, policy.StepName(stepID), gpulist.Format(dec.GPUs))
 	if auditOnly {
 		mode, msg = audit.ModeAuditOnly, msg+"; its job is unconfirmed (adopt_unconfirmed: audit-only): any other GPU opens too, audited as would-deny"
 	}
@@ -410,17 +410,17 @@ func (h *Handler) stepChannel(p peer.Peer, m *pb.StepChannel) (*pb.Response, err
 	if !ok {
 		return nil, fmt.Errorf("step %s asked for its IMEX channel but is not registered", name)
 	}
-	loc, err := jobcgroup.ForPID(h.Mount, p.PID, h.Scope)
+	loc, err := h.forPID(p.PID)
 	if err != nil {
 		return nil, fmt.Errorf("step %s: cannot place the caller in Slurm's cgroup tree: %v", name, err)
 	}
-	if id, err := jobcgroup.ID(loc.Step); err != nil || id != s.Cgroup.ID {
+	if id, err := h.cgroups().ID(loc.Step); err != nil || id != s.Cgroup.ID {
 		return nil, fmt.Errorf("step %s: the caller is in %s, not in the step's cgroup %s", name, loc.Step, s.Cgroup.Path)
 	}
 	if len(s.GPUs) == 0 {
 		return &pb.Response{}, nil // no GPU, no channel (stepStart did not ask)
 	}
-	channels, err := h.IMEX.Read(p.PID, h.IMEXMajor)
+	channels, err := h.imex().Read(p.PID, h.IMEXMajor)
 	if errors.Is(err, imexchan.ErrNoMount) {
 		channels, err = nil, nil // Slurm made none for this step
 	}
@@ -452,7 +452,7 @@ func (h *Handler) stepChannel(p peer.Peer, m *pb.StepChannel) (*pb.Response, err
 	h.Log.Info("step IMEX channel", "job_id", jobID, "step_id", policy.StepName(stepID), "imex_channels", fmt.Sprint(channels), "cgroup", s.Cgroup.Path)
 	h.emit(audit.EventPolicyApplied, audit.SeverityInfo, msg, func(r *audit.Record) {
 		r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(s.UID), h.Users.Name(s.UID)
-		r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, s.GPUs...), s.Cgroup.Path, s.Cgroup.ID, h.PolicyMode()
+		r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, s.GPUs...), s.Cgroup.Path, s.Cgroup.ID, h.Mode.String()
 	})
 	return resp, nil
 }
@@ -514,7 +514,7 @@ func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
 	if policy.WholeJobStep(stepID) || s.AuditOnly {
 		return nil, fmt.Errorf("step %s: its tasks are not bound one by one (a batch, extern, interactive or audit-only step)", name)
 	}
-	cgPath, err := jobcgroup.PathOf(p.PID)
+	cgPath, err := h.cgroups().PathOf(p.PID)
 	var dir string
 	if err == nil {
 		dir, err = jobcgroup.TaskOf(h.Mount, cgPath, s.Cgroup.Path)
@@ -536,12 +536,12 @@ func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
 	}
 	var id uint64
 	if err == nil {
-		id, err = jobcgroup.ID(dir)
+		id, err = h.cgroups().ID(dir)
 	}
 	if err == nil {
 		// The step's directory is still the registered cgroup, not one
 		// made again under its name.
-		if now, serr := jobcgroup.ID(s.Cgroup.Path); serr != nil || now != s.Cgroup.ID {
+		if now, serr := h.cgroups().ID(s.Cgroup.Path); serr != nil || now != s.Cgroup.ID {
 			err = fmt.Errorf("the step's cgroup %s is no longer the one registered", s.Cgroup.Path)
 		}
 	}
@@ -586,7 +586,7 @@ func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
 		fmt.Sprintf("job %d step %s task %d may open GPUs [%s] of its step's [%s] (task_binding: slurm)", jobID, policy.StepName(stepID), m.GetTaskId(), gpulist.Format(gpus), gpulist.Format(s.GPUs)),
 		func(r *audit.Record) {
 			r.JobID, r.StepID, r.UID, r.User = jobID, policy.StepName(stepID), audit.UID(s.UID), h.Users.Name(s.UID)
-			r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, gpus...), dir, id, h.PolicyMode()
+			r.GPUs, r.Cgroup, r.CgroupID, r.PolicyMode = append([]int{}, gpus...), dir, id, h.Mode.String()
 		})
 	return resp, nil
 }

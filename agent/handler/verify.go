@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
@@ -59,7 +58,7 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 	if live == "" {
 		return nil, errors.New("verify: Slurm's slurmstepd scope does not exist on this node (slurmd not started?)")
 	}
-	rel, err := jobcgroup.PathOf(p.PID)
+	rel, err := h.cgroups().PathOf(p.PID)
 	if err == nil {
 		err = p.Verify()
 	}
@@ -72,12 +71,11 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 		return nil, fmt.Errorf("verify: cgroup %s is not a gpufence verify cgroup (%s/%s<pid>/%s); only that cgroup may be given a GPU this way", rel, live, VerifyPrefix, VerifyGiven)
 	}
 	for _, d := range []string{loc.Job, loc.Step} {
-		var st syscall.Stat_t
-		if err := syscall.Stat(d, &st); err != nil || st.Uid != 0 {
+		if uid, err := h.cgroups().Owner(d); err != nil || uid != 0 {
 			return nil, fmt.Errorf("verify: cgroup %s is not root's", d)
 		}
 	}
-	id, err := jobcgroup.ID(loc.Step)
+	id, err := h.cgroups().ID(loc.Step)
 	if err != nil {
 		return nil, fmt.Errorf("verify: %v", err)
 	}
@@ -112,7 +110,7 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 
 	h.verifyMu.Lock()
 	for vid, v := range h.verifying {
-		if now, err := jobcgroup.ID(v.cg.Path); err != nil || now != vid {
+		if now, err := h.cgroups().ID(v.cg.Path); err != nil || now != vid {
 			// Its verify died before VerifyEnd: the kernel entry goes
 			// with the orphan sweep once the cgroup is gone.
 			delete(h.verifying, vid)
@@ -140,7 +138,7 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 		return nil, fmt.Errorf("verify: cannot give cgroup %s its GPU: %v", loc.Step, err)
 	}
 	h.Log.Info("verify cgroup given a GPU", "cgroup", loc.Step, "gpu", g, "filter_problem", problem)
-	info := &pb.VerifyInfo{Mode: string(mode), PolicyMode: h.PolicyMode(), Scope: scope, FilterProblem: problem,
+	info := &pb.VerifyInfo{Mode: string(mode), PolicyMode: h.Mode.String(), Scope: scope, FilterProblem: problem,
 		Cgroup: "/" + strings.TrimPrefix(rel, "/"), CgroupId: id, Gpu: uint32(g)}
 	for _, t := range gpus {
 		files := t.Files
@@ -191,7 +189,7 @@ func (h *Handler) verifyEnd(m *pb.VerifyEnd) (*pb.Response, error) {
 	}
 	h.Log.Info("verify ended", "cgroup", cg.Path, "failed", len(failed), "took", took)
 	h.emit(audit.EventVerify, sev, msg, func(r *audit.Record) {
-		r.Cgroup, r.CgroupID, r.PolicyMode = rel, id, h.PolicyMode()
+		r.Cgroup, r.CgroupID, r.PolicyMode = rel, id, h.Mode.String()
 		r.UID, r.GPUs = audit.UID(0), []int{v.gpu}
 		if len(failed) > 0 {
 			r.Error = strings.Join(failed, "; ")

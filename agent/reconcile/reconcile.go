@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/gpufence/gpufence/agent/cgwatch"
 	"github.com/gpufence/gpufence/agent/enforcer"
 	"github.com/gpufence/gpufence/agent/failopen"
 	"github.com/gpufence/gpufence/agent/handler"
@@ -32,6 +31,19 @@ const (
 	EndCheckIdle = 10 * time.Minute
 )
 
+// Cgroups tells a cgroup directory's id (cgroupfs); jobcgroup.Node is
+// the node's.
+type Cgroups interface {
+	ID(dir string) (uint64, error)
+}
+
+// Watcher reports step cgroups removed (by id) and slurmd's cgroup or pid
+// file made; *cgwatch.Watcher implements it.
+type Watcher interface {
+	Gone() <-chan uint64
+	Made() <-chan string
+}
+
 // Reconciler runs the passes.
 type Reconciler struct {
 	Log      *slog.Logger
@@ -40,7 +52,15 @@ type Reconciler struct {
 	Handler  *handler.Handler
 	Recovery *recovery.Recovery // nil: jobs are dropped at their epilog only
 	Spool    *failopen.Spool
-	Watcher  *cgwatch.Watcher // nil: the periodic pass alone finds step ends
+	Watcher  Watcher // nil: the periodic pass alone finds step ends
+	Cgroups  Cgroups // nil: this node's
+}
+
+func (r *Reconciler) cgroups() Cgroups {
+	if r.Cgroups == nil {
+		return jobcgroup.Node{}
+	}
+	return r.Cgroups
 }
 
 // Pass is one reconcile pass.
@@ -49,7 +69,7 @@ func (r *Reconciler) Pass() {
 		r.Spool.Ingest()
 	}
 	for _, s := range r.Registry.Steps() {
-		if id, err := jobcgroup.ID(s.Cgroup.Path); err != nil || id != s.Cgroup.ID {
+		if id, err := r.cgroups().ID(s.Cgroup.Path); err != nil || id != s.Cgroup.ID {
 			r.Handler.StepGone(s.Cgroup.ID, "step cgroup vanished")
 		}
 	}
@@ -81,7 +101,7 @@ func (r *Reconciler) dropEnded(now time.Time) {
 		// slurmctld, not the cgroup, decides either way.
 		gone := now.Sub(since) >= EndCheckFirst
 		if j.Dir != "" {
-			_, err := jobcgroup.ID(j.Dir)
+			_, err := r.cgroups().ID(j.Dir)
 			gone = err != nil
 		}
 		if !gone && now.Sub(since) < EndCheckIdle {

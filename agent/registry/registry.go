@@ -110,7 +110,7 @@ type job struct {
 // Registry is the node's records.
 type Registry struct {
 	log   *slog.Logger
-	store *store.Store // nil: memory only
+	store Store // nil: memory only
 
 	mu      sync.Mutex
 	jobs    map[uint32]*job
@@ -122,8 +122,19 @@ type Registry struct {
 	observer func([]Job)
 }
 
+// Store is where records are written through to, so they outlive the
+// agent; *store.Store (the pinned maps) implements it.
+type Store interface {
+	PutJob(store.Job) error
+	DeleteJob(id uint32) error
+	PutStep(store.Step) error
+	DeleteStep(cgroupID uint64) error
+	Jobs() ([]store.Job, error)
+	Steps() ([]store.Step, error)
+}
+
 // New returns an empty registry writing through to st (nil: none).
-func New(st *store.Store, log *slog.Logger) *Registry {
+func New(st Store, log *slog.Logger) *Registry {
 	r := &Registry{log: log, store: st, jobs: map[uint32]*job{}, exempts: map[string]devfilter.Cgroup{},
 		owners: map[uint64]Owner{}, changed: make(chan struct{}, 1)}
 	r.view.Store(&View{owners: map[uint64]Owner{}})
@@ -173,40 +184,6 @@ func (r *Registry) jobsLocked() []Job {
 	}
 	slices.SortFunc(out, func(a, b Job) int { return cmp.Compare(a.ID, b.ID) })
 	return out
-}
-
-func storeFlags(j Job) uint32 {
-	var f uint32
-	if j.Recovered != "" {
-		f |= store.FlagRecovered
-	}
-	if j.Broken != "" {
-		f |= store.FlagBroken
-	}
-	if j.NoProlog {
-		f |= store.FlagNoProlog
-	}
-	switch j.Unconfirmed {
-	case UnconfirmedAuditOnly:
-		f |= store.FlagUnconfirmedAuditOnly
-	case UnconfirmedDeny:
-		f |= store.FlagUnconfirmedDeny
-	}
-	return f
-}
-
-// StepFlags are s's flags in the store.
-func StepFlags(s Step) uint32 {
-	var f uint32
-	if s.AuditOnly {
-		f |= store.StepFlagAuditOnly
-	}
-	if s.Adopted {
-		f |= store.StepFlagAdopted
-	}
-	// Checked before a step gets a channel (SetIMEX); never more than one.
-	imex, _ := store.IMEXFlags(s.IMEXChannels)
-	return f | imex
 }
 
 func (r *Registry) putJobLocked(j Job) {

@@ -336,7 +336,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 	defer cancel()
 	health := agentHealth(ln.Addr().String(), d.Healthy)
 	waitMetrics := startMetrics(ctx, cfg, exp, d, health, log)
-	srv := server.New(ln, exp.Instrument(d), log, cfg.RequestTimeout.Duration)
+	srv := server.New(ln, exp.Instrument(d.Handler()), log, cfg.RequestTimeout.Duration)
 	srv.Limit(server.MaxConns, exp.Shed)
 	srv.OnAcceptError(exp.AcceptError(metrics.ListenerPlugin))
 	errc := make(chan error, 1)
