@@ -892,3 +892,20 @@ int gf_client_task_bind(int fd, int timeout_ms, uint32_t job_id,
 	free(body);
 	return rc;
 }
+
+void gf_describe_failure(const char *socket, int code, const char *reason,
+			 char *msg, size_t msglen)
+{
+	switch (code) {
+	case GPUFENCE_E_REFUSED:
+		snprintf(msg, msglen, "the gpufence agent refused: %s", reason);
+		break;
+	case GPUFENCE_E_UNREACHABLE:
+		snprintf(msg, msglen, "cannot reach the gpufence agent at %s (%s)",
+			 socket, reason);
+		break;
+	default:
+		snprintf(msg, msglen, "internal error talking to the gpufence agent at %s (code %d: %s)",
+			 socket, code, reason);
+	}
+}

@@ -17,7 +17,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../goclient/goclient.h"
+/* Return codes. */
+#define GPUFENCE_OK 0
+/* The agent answered with an error; err holds its text, meant for users. */
+#define GPUFENCE_E_REFUSED 1
+/* The agent could not be reached, or did not answer in time. */
+#define GPUFENCE_E_UNREACHABLE 2
+/* The arguments were unusable (for example more GPUs than fit in gpus). */
+#define GPUFENCE_E_INVALID 3
+
+/* Room kept for GPU indices, error texts and cgroup paths. */
+#define GPUFENCE_MAX_GPUS 256
+#define GPUFENCE_ERR_LEN 512
+#define GPUFENCE_CGROUP_LEN 4096
 
 /* proto/wire's MaxFrameSize: the agent takes no bigger frame, nor do we. */
 #define GF_MAX_FRAME (64 << 10)
@@ -132,5 +144,12 @@ int gf_client_task_bind(int fd, int timeout_ms, uint32_t job_id,
 
 /* The pause between the two tries, in ms. */
 #define GF_RETRY_PAUSE_MS 200
+
+/*
+ * Writes a message for users and administrators about a failed call into
+ * msg: what failed, at which socket, and why.
+ */
+void gf_describe_failure(const char *socket, int code, const char *reason,
+			 char *msg, size_t msglen);
 
 #endif
