@@ -107,8 +107,11 @@ int gf_wire_parse_response(const uint8_t *b, size_t n, struct gf_response *r);
 
 /*
  * One call: the request, and when the agent could not be reached or did not
- * answer in time, once more after a pause, within 1.5 x timeout_ms in all.
- * A refusal is the agent's decision and is not asked twice. Each returns
+ * answer in time, once more, within 1.5 x timeout_ms in all. A refusal is
+ * the agent's decision and is not asked twice. Once an exchange on the node
+ * has had no answer within its timeout, each call for GF_HUNG_WINDOW_S
+ * makes one try of GF_PROBE_MS only (fail fast), until the agent answers
+ * one: a marker <socket>.hung in the socket's folder says when (client.c). Each returns
  * GPUFENCE_OK or GPUFENCE_E_REFUSED (err: the agent's words, or a listener
  * that is not root), GPUFENCE_E_UNREACHABLE (err: why, e.g. "no answer
  * within 5s") or GPUFENCE_E_INVALID, with err filled on failure.
@@ -144,6 +147,10 @@ int gf_client_task_bind(int fd, int timeout_ms, uint32_t job_id,
 
 /* The pause between the two tries, in ms. */
 #define GF_RETRY_PAUSE_MS 200
+/* A try's budget once the agent is known hung, in ms. */
+#define GF_PROBE_MS 250
+/* How long an exchange's timeout with no answer makes later calls fail fast. */
+#define GF_HUNG_WINDOW_S 30
 
 /*
  * Writes a message for users and administrators about a failed call into

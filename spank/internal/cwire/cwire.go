@@ -35,6 +35,8 @@ const (
 	MaxFrame        = C.GF_MAX_FRAME
 	CgroupLen       = C.GPUFENCE_CGROUP_LEN
 	RetryPause      = C.GF_RETRY_PAUSE_MS * time.Millisecond
+	Probe           = C.GF_PROBE_MS * time.Millisecond
+	HungWindow      = C.GF_HUNG_WINDOW_S * time.Second
 	GFTaskBindFrame = C.GF_TASK_BIND_FRAME
 )
 
