@@ -734,6 +734,7 @@ static int call(const char *socket, int timeout_ms, const uint8_t *req, int reql
 	bool hung, waited = false;
 
 	*body = NULL;
+	memset(r, 0, sizeof(*r)); /* error_len: whether the agent itself refused */
 	if (!socket || !socket[0] || timeout_ms <= 0) {
 		char d[32];
 
