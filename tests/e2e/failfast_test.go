@@ -57,6 +57,7 @@ func TestPrivilegedFailFast(t *testing.T) {
 	}
 	defer func() {
 		os.Remove(sock)
+		os.Remove(sock + ".hung")
 		if err := st.c.WritePlugstack([]string{st.plugstackLine()}); err != nil {
 			t.Fatal(err)
 		}
