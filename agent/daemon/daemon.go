@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpufence/gpufence/agent/adopt"
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/cgwatch"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/devices"
@@ -361,7 +362,7 @@ func (d *Daemon) ReloadGPUTable(ctx context.Context) bool {
 	return ok
 }
 
-func (d *Daemon) watchStep(cg devfilter.Cgroup) {
+func (d *Daemon) watchStep(cg cgroup.Cgroup) {
 	if d.watch == nil || cg.Path == "" {
 		return
 	}
@@ -404,7 +405,7 @@ func (d *Daemon) restore() {
 		}
 		for _, s := range ss {
 			steps = append(steps, registry.Step{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs,
-				Cgroup:    devfilter.Cgroup{ID: s.CgroupID, Path: s.Cgroup},
+				Cgroup:    cgroup.Cgroup{ID: s.CgroupID, Path: s.Cgroup},
 				AuditOnly: s.Flags&store.StepFlagAuditOnly != 0, Adopted: s.Flags&store.StepFlagAdopted != 0,
 				IMEXChannels: store.IMEXChannels(s.Flags)})
 		}
@@ -420,7 +421,7 @@ func (d *Daemon) restore() {
 					Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: unconfirmed(sj.Unconfirmed), Dir: sj.Dir, Created: sj.Created})
 				for _, ss := range sj.Steps {
 					steps = append(steps, registry.Step{JobID: sj.ID, StepID: ss.ID, UID: ss.UID, GPUs: ss.GPUs,
-						Cgroup: devfilter.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}, AuditOnly: ss.AuditOnly, Adopted: ss.Adopted})
+						Cgroup: cgroup.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}, AuditOnly: ss.AuditOnly, Adopted: ss.Adopted})
 				}
 			}
 			from = "the state file " + d.cfg.StateFile

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/registry"
@@ -81,7 +82,7 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 	if err != nil {
 		return nil, fmt.Errorf("verify: %v", err)
 	}
-	cg := devfilter.Cgroup{ID: id, Path: loc.Step}
+	cg := cgroup.Cgroup{ID: id, Path: loc.Step}
 	if h.Registry.Owned(id) {
 		return nil, fmt.Errorf("verify: cgroup %s is registered to a step", loc.Step)
 	}
@@ -202,7 +203,7 @@ func (h *Handler) verifyEnd(m *pb.VerifyEnd) (*pb.Response, error) {
 
 // verifying is a verify cgroup registered and the GPU it was given.
 type verifying struct {
-	cg  devfilter.Cgroup
+	cg  cgroup.Cgroup
 	gpu int
 }
 

@@ -5,7 +5,6 @@ package devfilter
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 )
 
 // PinnedView is what a filter left pinned in a directory, read without
@@ -278,20 +276,6 @@ func readLink(dir, name string) (*PinnedLink, error) {
 		p.Close()
 	}
 	return out, nil
-}
-
-// CgroupExists reports whether the cgroup2 cgroup with this id exists, by
-// opening it by handle (needs CAP_DAC_READ_SEARCH).
-func CgroupExists(id uint64) (bool, error) {
-	fd, err := openCgroupByID(id)
-	if errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	unix.Close(fd)
-	return true, nil
 }
 
 // The sizes of struct filter_config an agent may have pinned, oldest

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -499,7 +500,7 @@ func (f *Filter) adoptCgroupLinks(prev *pinned, storageReused bool) error {
 			}
 			continue
 		}
-		fd, err := openCgroupByID(id)
+		fd, err := cgroup.OpenByID(id)
 		if errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT) {
 			if err := removePins(prev.dir, []string{name}); err != nil {
 				return err
@@ -538,45 +539,6 @@ func (f *Filter) adoptCgroupLinks(prev *pinned, storageReused bool) error {
 		f.attached[id] = l
 	}
 	return nil
-}
-
-// fileIDKernfs is the file handle type of kernfs (cgroup2): the handle is
-// the 64-bit cgroup id.
-const fileIDKernfs = 0xfe
-
-// openCgroupByID opens the cgroup2 directory whose id is id.
-func openCgroupByID(id uint64) (int, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return -1, err
-	}
-	mounts, err := cgroup2Mounts(f)
-	f.Close()
-	if err != nil {
-		return -1, err
-	}
-	var mnt string
-	for _, m := range mounts {
-		if m.Root == "/" {
-			mnt = m.MountPoint
-			break
-		}
-	}
-	if mnt == "" {
-		return -1, errors.New("no cgroup2 mount of the root cgroup")
-	}
-	mfd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, err
-	}
-	defer unix.Close(mfd)
-	var b [8]byte
-	binary.NativeEndian.PutUint64(b[:], id)
-	fd, err := unix.OpenByHandleAt(mfd, unix.NewFileHandle(fileIDKernfs, b[:]), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
-	if err != nil {
-		return -1, fmt.Errorf("open cgroup %d: %w", id, err)
-	}
-	return fd, nil
 }
 
 // Adopted says whether New took over the pins of a previous filter.

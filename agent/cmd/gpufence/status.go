@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
@@ -766,7 +767,7 @@ func gatherStatus(cfg config.Config) statusInput {
 		in.Kernel, in.KernelErr = devfilter.InspectPins(cfg.PinDir)
 		if in.KernelErr == nil {
 			for id := range in.Kernel.Entries {
-				if alive, err := devfilter.CgroupExists(id); err == nil {
+				if alive, err := cgroup.Exists(id); err == nil {
 					in.CgroupAlive[id] = alive
 				}
 			}

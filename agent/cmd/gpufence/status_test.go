@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/bpf/devfilter"
@@ -384,9 +385,9 @@ func privilegedStatus(t *testing.T, mnt string, mode devfilter.Mode) {
 	if mode == devfilter.ModeScope {
 		opts.ScopeDir = scope
 	}
-	step0 := devfilter.Cgroup{ID: cgroupID(t, filepath.Join(scope, "job_1/step_0")), Path: filepath.Join(scope, "job_1/step_0")}
-	step1 := devfilter.Cgroup{ID: cgroupID(t, filepath.Join(scope, "job_1/step_1")), Path: filepath.Join(scope, "job_1/step_1")}
-	system := devfilter.Cgroup{ID: cgroupID(t, filepath.Join(scope, "system")), Path: filepath.Join(scope, "system")}
+	step0 := cgroup.Cgroup{ID: cgroupID(t, filepath.Join(scope, "job_1/step_0")), Path: filepath.Join(scope, "job_1/step_0")}
+	step1 := cgroup.Cgroup{ID: cgroupID(t, filepath.Join(scope, "job_1/step_1")), Path: filepath.Join(scope, "job_1/step_1")}
+	system := cgroup.Cgroup{ID: cgroupID(t, filepath.Join(scope, "system")), Path: filepath.Join(scope, "system")}
 
 	// The agent's filter, closed as at agent stop: the pins stay.
 	f, err := devfilter.New(opts)
