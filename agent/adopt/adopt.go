@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/gpulist"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
@@ -86,7 +87,7 @@ type Adopter struct {
 // Step is a step cgroup found under a job's.
 type Step struct {
 	ID     uint32
-	Cgroup devfilter.Cgroup
+	Cgroup cgroup.Cgroup
 }
 
 // Job is one job found running with no record, and what slurmctld said.
@@ -180,7 +181,7 @@ func (a *Adopter) Hold(plan []Job) {
 
 // ApplyHeld applies the plan Hold kept, once: the first filter attached
 // writes it (enforcer.Options.Restore).
-func (a *Adopter) ApplyHeld(set func(devfilter.Cgroup, devfilter.Policy) error) {
+func (a *Adopter) ApplyHeld(set func(cgroup.Cgroup, devfilter.Policy) error) {
 	a.heldMu.Lock()
 	plan := a.held
 	a.held = nil
@@ -192,13 +193,13 @@ func (a *Adopter) ApplyHeld(set func(devfilter.Cgroup, devfilter.Policy) error) 
 // It is called with the filter loaded and not yet attached, so it must not
 // block: every question was asked in Plan. A job whose entry cannot be
 // written keeps no entry (no GPU) and is audited.
-func (a *Adopter) Apply(plan []Job, set func(devfilter.Cgroup, devfilter.Policy) error) {
+func (a *Adopter) Apply(plan []Job, set func(cgroup.Cgroup, devfilter.Policy) error) {
 	for _, j := range plan {
 		a.apply(j, set)
 	}
 }
 
-func (a *Adopter) apply(j Job, set func(devfilter.Cgroup, devfilter.Policy) error) {
+func (a *Adopter) apply(j Job, set func(cgroup.Cgroup, devfilter.Policy) error) {
 	user := a.Users.Name(j.UID)
 	fill := func(r *audit.Record) {
 		r.JobID, r.UID, r.User, r.Cgroup = j.ID, audit.UID(j.UID), user, j.Dir
@@ -319,7 +320,7 @@ func (a *Adopter) steps(dir string) []Step {
 		if err != nil {
 			continue
 		}
-		out = append(out, Step{ID: id, Cgroup: devfilter.Cgroup{ID: cg, Path: p}})
+		out = append(out, Step{ID: id, Cgroup: cgroup.Cgroup{ID: cg, Path: p}})
 	}
 	return out
 }

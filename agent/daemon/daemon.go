@@ -22,6 +22,7 @@ import (
 
 	"github.com/gpufence/gpufence/agent/adopt"
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/cgwatch"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/devices"
@@ -174,7 +175,7 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		Events: d.ev, OnRelease: d.ev.Release, TaskBinding: cfg.TaskBinding == config.TaskBindingSlurm,
 		// The recorded steps' entries (again: a crash may have come
 		// between a record and its entry), then the adopted jobs'.
-		Restore: []func(func(devfilter.Cgroup, devfilter.Policy) error){d.h.WriteRecorded, d.adopter.ApplyHeld},
+		Restore: []func(func(cgroup.Cgroup, devfilter.Policy) error){d.h.WriteRecorded, d.adopter.ApplyHeld},
 	}
 	if d.watch != nil { // a nil *cgwatch.Watcher is no watcher
 		d.h.Watch, eo.SlurmdWatch = d.watch, d.watch

@@ -20,11 +20,11 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/gpufence/gpufence/agent/audit"
-	"github.com/gpufence/gpufence/agent/handler"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/server"
 	"github.com/gpufence/gpufence/agent/verify"
+	"github.com/gpufence/gpufence/agent/verifycgroup"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
@@ -211,7 +211,7 @@ func testVerify(t *testing.T, mode devfilter.Mode) {
 	tr.sameState("verify", before, tr.state(d))
 	recs := tr.rec.Records(audit.EventVerify)
 	if len(recs) != 1 || recs[0].Severity != audit.SeverityInfo || !slices.Equal(recs[0].GPUs, []int{0}) || recs[0].CgroupID == 0 ||
-		!strings.Contains(recs[0].Cgroup, handler.VerifyPrefix) || recs[0].Error != "" {
+		!strings.Contains(recs[0].Cgroup, verifycgroup.Prefix) || recs[0].Error != "" {
 		t.Fatalf("verify records %+v, want one info record for GPU 0", recs)
 	}
 
@@ -280,7 +280,7 @@ func (tr *tree) detached(d *Daemon, sock string, before kernelState, stepd, slur
 		after := tr.state(d)
 		if how == "link detached" {
 			tr.sameState(how, before, after)
-		} else if len(after.children) != 2 || after.verifyRegistered != 0 || slices.ContainsFunc(after.children, func(c string) bool { return strings.HasPrefix(c, handler.VerifyPrefix) }) {
+		} else if len(after.children) != 2 || after.verifyRegistered != 0 || slices.ContainsFunc(after.children, func(c string) bool { return strings.HasPrefix(c, verifycgroup.Prefix) }) {
 			t.Errorf("%s: left behind %+v", how, after)
 		}
 		d.Reconcile() // the agent re-attaches

@@ -5,70 +5,20 @@ package doctor
 import (
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/status"
 )
 
-// socketFacts is what the agent socket looks like.
-type socketFacts struct {
-	Path     string
-	StatErr  error
-	IsSocket bool
-	Mode     os.FileMode
-	UID      uint32
-	// Listening: a connection was accepted (and closed unused: the agent
-	// reads EOF and drops it). DialErr says why not.
-	Listening bool
-	DialErr   error
-	// PeerPID and PeerUID are the listener's credentials (SO_PEERCRED):
-	// the agent, or PID 1 when systemd holds the socket for activation.
-	PeerPID  int32
-	PeerUID  uint32
-	PeerComm string
-}
-
-func probeSocket(e *Env) socketFacts {
-	s := socketFacts{Path: e.Config.Socket}
-	p := e.path(s.Path)
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
-		s.StatErr = err
-		return s
-	}
-	s.Mode = os.FileMode(st.Mode & 0o7777)
-	s.UID = st.Uid
-	s.IsSocket = st.Mode&unix.S_IFMT == unix.S_IFSOCK
-	if !s.IsSocket {
-		return s
-	}
-	c, err := net.DialTimeout("unix", p, 2*time.Second)
-	if err != nil {
-		s.DialErr = err
-		return s
-	}
-	defer c.Close()
-	s.Listening = true
-	if uc, ok := c.(*net.UnixConn); ok {
-		if raw, err := uc.SyscallConn(); err == nil {
-			_ = raw.Control(func(fd uintptr) {
-				if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-					s.PeerPID, s.PeerUID = cred.Pid, cred.Uid
-				}
-			})
-		}
-	}
-	if s.PeerPID > 0 {
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", s.PeerPID)); err == nil {
-			s.PeerComm = strings.TrimSpace(string(b))
-		}
-	}
+// probeSocket reads the agent socket the way `gpufence status` does, below
+// the doctor's root.
+func probeSocket(e *Env) status.Socket {
+	s := status.ProbeSocket(e.path(e.Config.Socket))
+	s.Path = e.Config.Socket
 	return s
 }
 
@@ -99,9 +49,9 @@ func (r *run) checkSocket() Check {
 		return c
 	}
 	c.add("mode %04o, owner uid %d", uint32(s.Mode.Perm()), s.UID)
-	if s.UID != r.env.AdminUID {
+	if err := s.OwnerErr(r.env.AdminUID); err != nil {
 		c.fail("Stop whatever created "+s.Path+", remove it and restart the agent (it runs as root).",
-			"the socket is owned by uid %d, not %d: not the agent's (a process that impersonates the agent would get every step's GPU list)", s.UID, r.env.AdminUID)
+			"%v (a process that impersonates the agent would get every step's GPU list)", err)
 	}
 	if s.Mode.Perm()&0o077 != 0 {
 		c.warn("chmod 0600 "+s.Path+" (the agent and gpufence.socket create it 0600).",
@@ -111,14 +61,11 @@ func (r *run) checkSocket() Check {
 		c.fail(r.startFix(), "the socket refuses connections (%v): stale, the agent is not running", s.DialErr)
 		return c
 	}
-	who := fmt.Sprintf("pid %d", s.PeerPID)
-	if s.PeerComm != "" {
-		who += " " + s.PeerComm
-	}
-	if s.PeerUID != r.env.AdminUID {
-		c.fail("Stop the process listening on "+s.Path+" and restart the agent as root.", "the listener (%s) runs as uid %d, not %d: not the agent", who, s.PeerUID, r.env.AdminUID)
+	if err := s.ListenerErr(r.env.AdminUID); err != nil {
+		c.fail("Stop the process listening on "+s.Path+" and restart the agent as root.", "%v", err)
 		return c
 	}
+	who := s.Listener()
 	if s.PeerPID == 1 {
 		c.ok("accepts connections, held by systemd (pid 1) for socket activation of the agent")
 	} else {

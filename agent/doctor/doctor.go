@@ -21,6 +21,7 @@ import (
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/slurm"
+	"github.com/gpufence/gpufence/agent/status"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -149,7 +150,7 @@ type run struct {
 	gresTable []devices.GPU
 	mounts    []mountEntry
 	mountsErr error
-	sock      socketFacts
+	sock      status.Socket
 	slurm     slurmFacts
 	plug      plugstackFacts
 	// mode is the filter mode the agent would run in, "" when unknown.

@@ -10,11 +10,12 @@ import (
 	"strings"
 
 	"github.com/gpufence/gpufence/agent/config"
+	"github.com/gpufence/gpufence/agent/mountinfo"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
 // mountEntry is one line of /proc/self/mountinfo.
-type mountEntry = devfilter.Mount
+type mountEntry = mountinfo.Mount
 
 func readMountinfo(path string) ([]mountEntry, error) {
 	f, err := os.Open(path)
@@ -22,7 +23,7 @@ func readMountinfo(path string) ([]mountEntry, error) {
 		return nil, err
 	}
 	defer f.Close()
-	mounts, err := devfilter.ParseMountinfo(f)
+	mounts, err := mountinfo.Parse(f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/events"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
@@ -29,8 +30,8 @@ import (
 // *devfilter.Filter implements it.
 type Filter interface {
 	Mode() devfilter.Mode
-	Set(cg devfilter.Cgroup, p devfilter.Policy) error
-	Remove(cg devfilter.Cgroup) error
+	Set(cg cgroup.Cgroup, p devfilter.Policy) error
+	Remove(cg cgroup.Cgroup) error
 	ReadEvent() (devfilter.Event, error)
 	Suppressed() (map[devfilter.RateKey]uint64, error)
 	ForgetRate(cgroupID uint64) error
@@ -84,7 +85,7 @@ type Pins interface {
 
 type node struct{ jobcgroup.Node }
 
-func (node) Exists(id uint64) (bool, error) { return devfilter.CgroupExists(id) }
+func (node) Exists(id uint64) (bool, error) { return cgroup.Exists(id) }
 
 type pins struct{}
 
@@ -166,7 +167,7 @@ type Options struct {
 	// set: those of recorded steps (handler.WriteRecorded) and of running
 	// jobs the agent adopts (adopt.ApplyHeld), so no process of theirs
 	// ever meets an empty map. None may block.
-	Restore []func(set func(devfilter.Cgroup, devfilter.Policy) error)
+	Restore []func(set func(cgroup.Cgroup, devfilter.Policy) error)
 	// Cgroups and Pins read the node; nil: this node's.
 	Cgroups Cgroups
 	Pins    Pins
@@ -184,7 +185,7 @@ type Enforcer struct {
 	scopeID uint64
 	// ended are per-cgroup mode entries of released cgroups, kept deny-all
 	// until the cgroup is gone.
-	ended map[uint64]devfilter.Cgroup
+	ended map[uint64]cgroup.Cgroup
 
 	// noteMu guards what FindScope last reported, so that a problem that
 	// lasts is logged and audited once, not at every reconcile.
@@ -213,7 +214,7 @@ func New(o Options) *Enforcer {
 	if o.Pins == nil {
 		o.Pins = pins{}
 	}
-	return &Enforcer{o: o, ended: map[uint64]devfilter.Cgroup{}, ignored: map[string]bool{}}
+	return &Enforcer{o: o, ended: map[uint64]cgroup.Cgroup{}, ignored: map[string]bool{}}
 }
 
 func (e *Enforcer) lifecycle(ev audit.Event, sev audit.Severity, msg string, fill func(*audit.Record)) {
@@ -372,7 +373,7 @@ func (e *Enforcer) attachLocked(scope string) error {
 		e.filter, e.scope, e.scopeID = nil, "", 0
 		// Entries prepare made went with the filter.
 		for name := range e.o.Registry.Exempts() {
-			e.o.Registry.SetExempt(name, devfilter.Cgroup{})
+			e.o.Registry.SetExempt(name, cgroup.Cgroup{})
 		}
 		err = fmt.Errorf("attach device filter to %s: %w", scope, err)
 		e.lifecycle(audit.EventFilterAttachFailed, audit.SeverityError, "the GPU device filter could not be attached; GPU steps are refused", func(r *audit.Record) {
@@ -398,7 +399,7 @@ func (e *Enforcer) attachLocked(scope string) error {
 
 // setExemptLocked writes Slurm's own cgroup cg, named name, as exempt:
 // every device, for root only. e.mu is held.
-func (e *Enforcer) setExemptLocked(name string, cg devfilter.Cgroup) error {
+func (e *Enforcer) setExemptLocked(name string, cg cgroup.Cgroup) error {
 	if err := e.filter.Set(cg, devfilter.Policy{AllowAll: true, RootOnly: true}); err != nil {
 		return err
 	}
@@ -426,13 +427,13 @@ func (e *Enforcer) refreshExemptLocked() {
 			if err := e.filter.Remove(old); err != nil {
 				e.o.Log.Error("remove exempt entry", "cgroup", old.Path, "err", err)
 			}
-			e.o.Registry.SetExempt(name, devfilter.Cgroup{})
+			e.o.Registry.SetExempt(name, cgroup.Cgroup{})
 			had = false
 		}
 		if err != nil || had {
 			continue
 		}
-		cg := devfilter.Cgroup{ID: id, Path: dir}
+		cg := cgroup.Cgroup{ID: id, Path: dir}
 		if err := e.setExemptLocked(name, cg); err != nil {
 			e.o.Log.Error("set exempt entry", "cgroup", dir, "err", err)
 			continue
@@ -449,7 +450,7 @@ func (e *Enforcer) RefreshExempt() {
 }
 
 // Set gives cg the policy p.
-func (e *Enforcer) Set(cg devfilter.Cgroup, p devfilter.Policy) error {
+func (e *Enforcer) Set(cg cgroup.Cgroup, p devfilter.Policy) error {
 	e.mu.Lock()
 	f := e.filter
 	delete(e.ended, cg.ID)
@@ -466,7 +467,7 @@ func (e *Enforcer) Set(cg devfilter.Cgroup, p devfilter.Policy) error {
 // that narrows it, and a task can outlive its step (it ignores SIGTERM,
 // UnkillableStepTimeout): the entry becomes deny-all and stays until the
 // cgroup is gone (ForgetEnded).
-func (e *Enforcer) Release(cg devfilter.Cgroup, o registry.Owner) error {
+func (e *Enforcer) Release(cg cgroup.Cgroup, o registry.Owner) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.filter == nil {
@@ -618,7 +619,7 @@ func (e *Enforcer) sweepOrphansLocked() {
 		if exists, err := e.o.Cgroups.Exists(id); err != nil || exists {
 			continue
 		}
-		if err := e.filter.Remove(devfilter.Cgroup{ID: id}); err != nil {
+		if err := e.filter.Remove(cgroup.Cgroup{ID: id}); err != nil {
 			e.o.Log.Error("remove orphaned kernel entry", "cgroup_id", id, "err", err)
 			continue
 		}
@@ -767,7 +768,7 @@ func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
 	if lerr == nil && linked == id && have[name].ID == id && dir == e.slurmdDir {
 		return
 	}
-	cg := devfilter.Cgroup{ID: id, Path: dir}
+	cg := cgroup.Cgroup{ID: id, Path: dir}
 	if have[name].ID != id {
 		if err := e.setExemptLocked(name, cg); err != nil {
 			e.noteSlurmdLocked("the entry of slurmd's cgroup could not be written; the device filter is not put there", err, dir)
@@ -775,7 +776,7 @@ func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
 		}
 	}
 	// What the last cgroup held: a removed cgroup's entry, a moved slurmd.
-	for _, old := range []devfilter.Cgroup{have[name], have[e.slurmdName]} {
+	for _, old := range []cgroup.Cgroup{have[name], have[e.slurmdName]} {
 		if old.ID != 0 && old.ID != id {
 			if err := e.filter.Remove(old); err != nil {
 				e.o.Log.Error("remove the entry of slurmd's old cgroup", "cgroup", old.Path, "err", err)
@@ -783,7 +784,7 @@ func (e *Enforcer) refreshSlurmdLocked(found string, ferr error) {
 		}
 	}
 	if e.slurmdName != "" && e.slurmdName != name {
-		e.o.Registry.SetExempt(e.slurmdName, devfilter.Cgroup{})
+		e.o.Registry.SetExempt(e.slurmdName, cgroup.Cgroup{})
 	}
 	if lerr != nil || linked != id {
 		start := time.Now()

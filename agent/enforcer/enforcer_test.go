@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/audit/audittest"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/events"
 	"github.com/gpufence/gpufence/agent/fakenode"
 	"github.com/gpufence/gpufence/agent/registry"
@@ -65,10 +66,10 @@ func (v *env) WatchMade(d string) error {
 
 // restore writes a recorded entry, as handler.WriteRecorded does, before
 // the program first runs.
-func (v *env) restore(set func(devfilter.Cgroup, devfilter.Policy) error) {
+func (v *env) restore(set func(cgroup.Cgroup, devfilter.Policy) error) {
 	v.before++
 	for _, id := range v.restored {
-		set(devfilter.Cgroup{ID: id}, devfilter.Policy{GPUMinors: []uint32{3}})
+		set(cgroup.Cgroup{ID: id}, devfilter.Policy{GPUMinors: []uint32{3}})
 	}
 }
 
@@ -105,7 +106,7 @@ func newEnv(t *testing.T, mode devfilter.Mode, opts ...func(*Options)) *env {
 		},
 		Events:      v,
 		OnRelease:   func(id uint64, _ registry.Owner) { v.mu.Lock(); v.released = append(v.released, id); v.mu.Unlock() },
-		Restore:     []func(func(devfilter.Cgroup, devfilter.Policy) error){v.restore},
+		Restore:     []func(func(cgroup.Cgroup, devfilter.Policy) error){v.restore},
 		SlurmdWatch: v,
 	}
 	for _, fn := range opts {
@@ -200,7 +201,7 @@ func TestAttachFails(t *testing.T) {
 			if r := v.rec.Records(audit.EventFilterAttachFailed); len(r) != 1 || r[0].Cgroup != scope {
 				t.Errorf("audit %+v", r)
 			}
-			if err := v.e.Set(devfilter.Cgroup{ID: 5}, devfilter.Policy{}); err == nil {
+			if err := v.e.Set(cgroup.Cgroup{ID: 5}, devfilter.Policy{}); err == nil {
 				t.Error("Set with no filter: no error")
 			}
 		})
@@ -283,7 +284,7 @@ func TestPerCgroupRelease(t *testing.T) {
 		t.Errorf("per-cgroup mode made exempt entries: %+v", v.reg.Exempts())
 	}
 	step := scope + "/job_1/step_0"
-	cg := devfilter.Cgroup{ID: v.n.Mkdir(step), Path: step}
+	cg := cgroup.Cgroup{ID: v.n.Mkdir(step), Path: step}
 	if err := v.e.Set(cg, devfilter.Policy{GPUMinors: []uint32{1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -314,13 +315,13 @@ func TestPerCgroupRelease(t *testing.T) {
 // cgroup every GPU); Set on a released cgroup makes it live again.
 func TestScopeRelease(t *testing.T) {
 	v := newEnv(t, devfilter.ModeScope)
-	if err := v.e.Release(devfilter.Cgroup{ID: 9}, registry.Owner{}); err != nil {
+	if err := v.e.Release(cgroup.Cgroup{ID: 9}, registry.Owner{}); err != nil {
 		t.Errorf("Release with no filter: %v", err)
 	}
 	if err := v.e.Ensure(scope); err != nil {
 		t.Fatal(err)
 	}
-	cg := devfilter.Cgroup{ID: v.n.Mkdir(scope + "/job_1/step_0"), Path: scope + "/job_1/step_0"}
+	cg := cgroup.Cgroup{ID: v.n.Mkdir(scope + "/job_1/step_0"), Path: scope + "/job_1/step_0"}
 	v.e.Set(cg, devfilter.Policy{GPUMinors: []uint32{0}})
 	if err := v.e.Release(cg, registry.Owner{}); err != nil {
 		t.Fatal(err)
@@ -355,10 +356,10 @@ func TestReconcileSweeps(t *testing.T) {
 	v.n.SetScope(scope, nil)
 	v.e.Reconcile()
 	f := v.filter()
-	owned := devfilter.Cgroup{ID: v.n.Mkdir(scope + "/job_1/step_0"), Path: scope + "/job_1/step_0"}
-	alive := devfilter.Cgroup{ID: v.n.Mkdir(scope + "/job_2/step_0"), Path: scope + "/job_2/step_0"}
-	lost := devfilter.Cgroup{ID: v.n.Mkdir(scope + "/job_3/step_0"), Path: scope + "/job_3/step_0"}
-	for _, cg := range []devfilter.Cgroup{owned, alive, lost} {
+	owned := cgroup.Cgroup{ID: v.n.Mkdir(scope + "/job_1/step_0"), Path: scope + "/job_1/step_0"}
+	alive := cgroup.Cgroup{ID: v.n.Mkdir(scope + "/job_2/step_0"), Path: scope + "/job_2/step_0"}
+	lost := cgroup.Cgroup{ID: v.n.Mkdir(scope + "/job_3/step_0"), Path: scope + "/job_3/step_0"}
+	for _, cg := range []cgroup.Cgroup{owned, alive, lost} {
 		f.Set(cg, devfilter.Policy{GPUMinors: []uint32{1}})
 	}
 	v.reg.AddStep(registry.Step{JobID: 1, StepID: 0, Cgroup: owned}, "")
@@ -366,7 +367,7 @@ func TestReconcileSweeps(t *testing.T) {
 	v.n.Rmdir(scope + "/job_3")
 	v.e.Reconcile()
 	for _, tc := range []struct {
-		cg   devfilter.Cgroup
+		cg   cgroup.Cgroup
 		kept bool
 	}{{owned, true}, {alive, true}, {lost, false}} {
 		if _, ok := f.Entry(tc.cg.ID); ok != tc.kept {
@@ -397,7 +398,7 @@ func TestCleanStale(t *testing.T) {
 	job := v.n.Mkdir(scope + "/job_1")
 	v.pins.Slurmd = 77
 	v.pins.Entries = []uint64{live, job, 77, 501, 502}
-	v.reg.Restore(nil, []registry.Step{{JobID: 4, StepID: 2, Cgroup: devfilter.Cgroup{ID: 501}}})
+	v.reg.Restore(nil, []registry.Step{{JobID: 4, StepID: 2, Cgroup: cgroup.Cgroup{ID: 501}}})
 	if err := v.e.Ensure(scope); err != nil {
 		t.Fatal(err)
 	}

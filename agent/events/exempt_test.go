@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/audit/audittest"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/registry"
 	"github.com/gpufence/gpufence/agent/users"
 	"github.com/gpufence/gpufence/bpf/devfilter"
@@ -64,7 +65,7 @@ func TestAccessRecordSlurmCgroupNonRoot(t *testing.T) {
 func TestSuppressedSlurmCgroupNonRoot(t *testing.T) {
 	rec := &audittest.Recorder{}
 	reg := registry.New(nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	reg.SetExempt("slurmd", devfilter.Cgroup{ID: 77, Path: "/sys/fs/cgroup/x/slurmd"})
+	reg.SetExempt("slurmd", cgroup.Cgroup{ID: 77, Path: "/sys/fs/cgroup/x/slurmd"})
 	e := New(Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: rec, Owners: reg, Table: noTable{}, Users: &users.Cache{}})
 	defer e.Close()
 	key := devfilter.RateKey{CgroupID: 77, Major: 195, Minor: 0, Decision: devfilter.DecisionDenied}

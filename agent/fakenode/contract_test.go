@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -19,15 +20,15 @@ import (
 // to: the entries (Set, Remove, Policies) and what a closed filter says.
 type kernelMap interface {
 	Mode() devfilter.Mode
-	Set(cg devfilter.Cgroup, p devfilter.Policy) error
-	Remove(cg devfilter.Cgroup) error
+	Set(cg cgroup.Cgroup, p devfilter.Policy) error
+	Remove(cg cgroup.Cgroup) error
 	Policies() (map[uint64]devfilter.Policy, error)
 	Close() error
 }
 
 // contract is the cases both maps must answer alike. cgs are live cgroups
 // (needed by the kernel in per-cgroup mode).
-func contract(t *testing.T, f kernelMap, cgs [3]devfilter.Cgroup) {
+func contract(t *testing.T, f kernelMap, cgs [3]cgroup.Cgroup) {
 	a, b, c := cgs[0], cgs[1], cgs[2]
 	want := map[uint64]devfilter.Policy{}
 	check := func(step string) {
@@ -40,14 +41,14 @@ func contract(t *testing.T, f kernelMap, cgs [3]devfilter.Cgroup) {
 			t.Fatalf("%s: entries\n got  %+v\n want %+v", step, got, want)
 		}
 	}
-	mustSet := func(cg devfilter.Cgroup, p, stored devfilter.Policy) {
+	mustSet := func(cg cgroup.Cgroup, p, stored devfilter.Policy) {
 		t.Helper()
 		if err := f.Set(cg, p); err != nil {
 			t.Fatalf("Set(%d, %+v): %v", cg.ID, p, err)
 		}
 		want[cg.ID] = stored
 	}
-	refuse := func(what string, cg devfilter.Cgroup, p devfilter.Policy) {
+	refuse := func(what string, cg cgroup.Cgroup, p devfilter.Policy) {
 		t.Helper()
 		if err := f.Set(cg, p); err == nil {
 			t.Errorf("Set %s (%+v): no error", what, p)
@@ -64,7 +65,7 @@ func contract(t *testing.T, f kernelMap, cgs [3]devfilter.Cgroup) {
 	mustSet(c, devfilter.Policy{AllowAll: true, RootOnly: true}, devfilter.Policy{AllowAll: true, RootOnly: true})
 	check("replaced")
 	// What the program cannot hold is refused, and changes nothing.
-	refuse("cgroup id 0", devfilter.Cgroup{Path: a.Path}, devfilter.Policy{})
+	refuse("cgroup id 0", cgroup.Cgroup{Path: a.Path}, devfilter.Policy{})
 	refuse("GPU minor 254 (nvidia-modeset)", a, devfilter.Policy{GPUMinors: []uint32{254}})
 	refuse("caps minor 2 (MIG monitor)", a, devfilter.Policy{CapsMinors: []uint32{2}})
 	refuse("caps minor beyond the bitmap", a, devfilter.Policy{CapsMinors: []uint32{devfilter.MaxCapsMinor + 1}})
@@ -88,7 +89,7 @@ func contract(t *testing.T, f kernelMap, cgs [3]devfilter.Cgroup) {
 		t.Fatalf("Remove: %v", err)
 	}
 	delete(want, c.ID)
-	byID := devfilter.Cgroup{ID: c.ID}
+	byID := cgroup.Cgroup{ID: c.ID}
 	if f.Mode() == devfilter.ModeScope {
 		mustSet(byID, devfilter.Policy{GPUMinors: []uint32{5}}, devfilter.Policy{GPUMinors: []uint32{5}})
 	} else {
@@ -119,10 +120,10 @@ func TestContract(t *testing.T) {
 		t.Run("fake/"+string(mode), func(t *testing.T) {
 			n := New("/sys/fs/cgroup")
 			scope := "/sys/fs/cgroup/system.slice/slurmstepd.scope"
-			var cgs [3]devfilter.Cgroup
+			var cgs [3]cgroup.Cgroup
 			for i, d := range []string{"job_1/step_0", "job_1/step_1", "system"} {
 				p := filepath.Join(scope, d)
-				cgs[i] = devfilter.Cgroup{ID: n.Mkdir(p), Path: p}
+				cgs[i] = cgroup.Cgroup{ID: n.Mkdir(p), Path: p}
 			}
 			contract(t, NewFilter(mode, n, scope), cgs)
 		})
@@ -133,7 +134,7 @@ func TestContract(t *testing.T) {
 	}
 }
 
-func kernelFilter(t *testing.T, mode devfilter.Mode) (*devfilter.Filter, [3]devfilter.Cgroup) {
+func kernelFilter(t *testing.T, mode devfilter.Mode) (*devfilter.Filter, [3]cgroup.Cgroup) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipping the kernel's half: loading a BPF program and making cgroups needs root; the fake's half ran")
 	}
@@ -152,7 +153,7 @@ func kernelFilter(t *testing.T, mode devfilter.Mode) (*devfilter.Filter, [3]devf
 	rand.Read(rnd[:])
 	root := filepath.Join(mount, "gpufence-contract-"+hex.EncodeToString(rnd[:]))
 	scope := filepath.Join(root, "test_slurmstepd.scope")
-	var cgs [3]devfilter.Cgroup
+	var cgs [3]cgroup.Cgroup
 	var dirs []string
 	for i, d := range []string{"job_1/step_0", "job_1/step_1", "system"} {
 		p := filepath.Join(scope, d)
@@ -163,7 +164,7 @@ func kernelFilter(t *testing.T, mode devfilter.Mode) (*devfilter.Filter, [3]devf
 		if err != nil {
 			t.Fatal(err)
 		}
-		cgs[i] = devfilter.Cgroup{ID: id, Path: p}
+		cgs[i] = cgroup.Cgroup{ID: id, Path: p}
 		dirs = append(dirs, p)
 	}
 	t.Cleanup(func() {

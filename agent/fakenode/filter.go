@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -56,7 +57,7 @@ func norm(u []uint32) []uint32 {
 	return slices.Compact(out)
 }
 
-func check(cg devfilter.Cgroup, p devfilter.Policy) error {
+func check(cg cgroup.Cgroup, p devfilter.Policy) error {
 	if cg.ID == 0 {
 		return errors.New("cgroup id 0")
 	}
@@ -80,7 +81,7 @@ func check(cg devfilter.Cgroup, p devfilter.Policy) error {
 }
 
 // Set gives cg the policy p, replacing any previous one.
-func (f *Filter) Set(cg devfilter.Cgroup, p devfilter.Policy) error {
+func (f *Filter) Set(cg cgroup.Cgroup, p devfilter.Policy) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
@@ -105,7 +106,7 @@ func (f *Filter) Set(cg devfilter.Cgroup, p devfilter.Policy) error {
 }
 
 // Remove takes cg's entry away; one that is not there is no error.
-func (f *Filter) Remove(cg devfilter.Cgroup) error {
+func (f *Filter) Remove(cg cgroup.Cgroup) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/imexchan"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/slurm"
@@ -129,7 +130,7 @@ func (h *Handler) forPID(pid int) (jobcgroup.Location, error) {
 }
 
 // watch asks to be told when a step's cgroup goes.
-func (h *Handler) watch(cg devfilter.Cgroup) {
+func (h *Handler) watch(cg cgroup.Cgroup) {
 	if h.Watch == nil || cg.Path == "" {
 		return
 	}
@@ -151,7 +152,7 @@ func (h *Handler) WatchRecorded() {
 // (again: a crash may have come between a record and its entry) gets them
 // before it first enforces. A step whose cgroup went is left for reconcile
 // to release.
-func (h *Handler) WriteRecorded(set func(devfilter.Cgroup, devfilter.Policy) error) {
+func (h *Handler) WriteRecorded(set func(cgroup.Cgroup, devfilter.Policy) error) {
 	for _, s := range h.Registry.Steps() {
 		if id, err := h.cgroups().ID(s.Cgroup.Path); err != nil || id != s.Cgroup.ID {
 			continue

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/enforcer"
 	"github.com/gpufence/gpufence/agent/gpulist"
@@ -199,7 +200,7 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	if err != nil {
 		return nil, lookupFailed(fmt.Errorf("step %s: %v", name, err))
 	}
-	cg := devfilter.Cgroup{ID: cgID, Path: loc.Step}
+	cg := cgroup.Cgroup{ID: cgID, Path: loc.Step}
 	st, err := h.Settings.Get()
 	if err != nil {
 		return nil, fmt.Errorf("step %s: %v", name, err)
@@ -569,7 +570,7 @@ func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
 	if err != nil {
 		return nil, fmt.Errorf("step %s: %v", name, err)
 	}
-	cg := devfilter.Cgroup{ID: id, Path: dir}
+	cg := cgroup.Cgroup{ID: id, Path: dir}
 	var imex []uint32
 	if len(gpus) > 0 {
 		imex = s.IMEXChannels // a task without a GPU gets no channel, as a step

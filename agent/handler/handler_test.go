@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/registry"
@@ -347,12 +348,12 @@ func TestWriteRecordedAndWatch(t *testing.T) {
 	live := v.n.Mkdir(stepDir(7, 0))
 	v.n.Mkdir(stepDir(7, 1))
 	v.reg.Restore([]registry.Job{{ID: 7, UID: 1000, GPUs: []int{0, 1}}}, []registry.Step{
-		{JobID: 7, StepID: 0, UID: 1000, GPUs: []int{1}, Cgroup: devfilter.Cgroup{ID: live, Path: stepDir(7, 0)}, IMEXChannels: []uint32{4}},
-		{JobID: 7, StepID: 1, UID: 1000, GPUs: []int{0}, Cgroup: devfilter.Cgroup{ID: 5, Path: stepDir(7, 1)}},
-		{JobID: 7, StepID: 2, UID: 1000, GPUs: []int{9}, Cgroup: devfilter.Cgroup{ID: 6, Path: stepDir(7, 2)}},
+		{JobID: 7, StepID: 0, UID: 1000, GPUs: []int{1}, Cgroup: cgroup.Cgroup{ID: live, Path: stepDir(7, 0)}, IMEXChannels: []uint32{4}},
+		{JobID: 7, StepID: 1, UID: 1000, GPUs: []int{0}, Cgroup: cgroup.Cgroup{ID: 5, Path: stepDir(7, 1)}},
+		{JobID: 7, StepID: 2, UID: 1000, GPUs: []int{9}, Cgroup: cgroup.Cgroup{ID: 6, Path: stepDir(7, 2)}},
 	})
 	got := map[uint64]devfilter.Policy{}
-	v.h.WriteRecorded(func(cg devfilter.Cgroup, p devfilter.Policy) error { got[cg.ID] = p; return nil })
+	v.h.WriteRecorded(func(cg cgroup.Cgroup, p devfilter.Policy) error { got[cg.ID] = p; return nil })
 	want := map[uint64]devfilter.Policy{live: {GPUMinors: minors(1), IMEXChannels: []uint32{4}}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("written %+v, want %+v", got, want)

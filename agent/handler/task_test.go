@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/imexchan"
 	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/registry"
 	"github.com/gpufence/gpufence/agent/slurm"
-	"github.com/gpufence/gpufence/bpf/devfilter"
+	"github.com/gpufence/gpufence/agent/verifycgroup"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
 
@@ -256,7 +257,7 @@ func TestRetryUnconfirmed(t *testing.T) {
 	adopt := func(v *env) {
 		v.reg.Adopt(registry.Job{ID: 7, UID: 1000, Unconfirmed: registry.UnconfirmedAuditOnly, Created: time.Now()},
 			[]registry.Step{{JobID: 7, StepID: 0, UID: 1000, GPUs: []int{0, 1, 2, 3}, Adopted: true, AuditOnly: true,
-				Cgroup: devfilter.Cgroup{ID: v.n.Mkdir(stepDir(7, 0)), Path: stepDir(7, 0)}}})
+				Cgroup: cgroup.Cgroup{ID: v.n.Mkdir(stepDir(7, 0)), Path: stepDir(7, 0)}}})
 		v.mustStart(7, policy.ExternStep, 1000, nil) // attaches the filter
 	}
 	for _, tc := range []struct {
@@ -321,7 +322,7 @@ func TestVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	vdir := filepath.Join(scope, "gpufence-verify-4242")
-	given := filepath.Join(vdir, VerifyGiven)
+	given := filepath.Join(vdir, verifycgroup.Given)
 	p := v.proc(given)
 	start := func(p peer.Peer, gpu *uint32) *pb.Response {
 		return v.do(p, &pb.Request{Msg: &pb.Request_VerifyStart{VerifyStart: &pb.VerifyStart{Gpu: gpu}}})
@@ -342,7 +343,7 @@ func TestVerify(t *testing.T) {
 	}
 	gpu := uint32(9)
 	userDir := filepath.Join(scope, "gpufence-verify-77")
-	v.n.MkdirOwned(filepath.Join(userDir, VerifyGiven), 1000)
+	v.n.MkdirOwned(filepath.Join(userDir, verifycgroup.Given), 1000)
 	v.mustStart(8, 0, 1000, nil) // a step's own cgroup
 	for _, tc := range []struct {
 		name string
@@ -350,11 +351,11 @@ func TestVerify(t *testing.T) {
 		gpu  *uint32
 		want string
 	}{
-		{"unknown GPU", v.proc(filepath.Join(scope, "gpufence-verify-4243", VerifyGiven)), &gpu, "not in this node's GPU table"},
+		{"unknown GPU", v.proc(filepath.Join(scope, "gpufence-verify-4243", verifycgroup.Given)), &gpu, "not in this node's GPU table"},
 		{"a job's cgroup", v.stepd(7, 0), nil, "not a gpufence verify cgroup"},
-		{"bare leaf", v.proc(filepath.Join(vdir, VerifyBare)), nil, "not a gpufence verify cgroup"},
-		{"leading zero", v.proc(filepath.Join(scope, "gpufence-verify-0123", VerifyGiven)), nil, "not a gpufence verify cgroup"},
-		{"a user's", v.proc(filepath.Join(userDir, VerifyGiven)), nil, "not root's"},
+		{"bare leaf", v.proc(filepath.Join(vdir, verifycgroup.Bare)), nil, "not a gpufence verify cgroup"},
+		{"leading zero", v.proc(filepath.Join(scope, "gpufence-verify-0123", verifycgroup.Given)), nil, "not a gpufence verify cgroup"},
+		{"a user's", v.proc(filepath.Join(userDir, verifycgroup.Given)), nil, "not root's"},
 		{"gone", peer.Peer{PID: 99999}, nil, "cannot read the cgroup"},
 	} {
 		if r := start(tc.p, tc.gpu); !strings.Contains(r.Error, tc.want) {
@@ -394,7 +395,7 @@ func TestVerifyLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(pid int) *pb.Response {
-		return v.do(v.proc(filepath.Join(scope, fmt.Sprintf("gpufence-verify-%d", pid), VerifyGiven)), &pb.Request{Msg: &pb.Request_VerifyStart{VerifyStart: &pb.VerifyStart{}}})
+		return v.do(v.proc(filepath.Join(scope, fmt.Sprintf("gpufence-verify-%d", pid), verifycgroup.Given)), &pb.Request{Msg: &pb.Request_VerifyStart{VerifyStart: &pb.VerifyStart{}}})
 	}
 	for i := range maxVerify {
 		if r := start(1000 + i); r.Error != "" {
@@ -425,8 +426,8 @@ func TestIsVerifyDir(t *testing.T) {
 		"gpufence-verify-": false, "gpufence-verify-01": false, "gpufence-verify-1a": false,
 		"gpufence-verify-99999999999": false, "job_1": false, "gpufence-verify--1": false,
 	} {
-		if IsVerifyDir(name) != want {
-			t.Errorf("IsVerifyDir(%q) = %v", name, !want)
+		if verifycgroup.IsDir(name) != want {
+			t.Errorf("verifycgroup.IsDir(%q) = %v", name, !want)
 		}
 	}
 }

@@ -6,43 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/peer"
 	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/agent/verifycgroup"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
 
-// The verify cgroup `gpufence verify` makes below Slurm's scope:
-// <scope>/gpufence-verify-<pid>/{given,bare}. No Slurm job cgroup has that
-// name (job_<id>, or a SLUID without '-'), nor does Slurm's own (system,
-// slurmd).
-const (
-	VerifyPrefix = "gpufence-verify-"
-	// VerifyGiven is the leaf given one GPU; VerifyBare the one never
-	// registered (scope mode denies it every GPU, as a job nobody
-	// registered).
-	VerifyGiven = "given"
-	VerifyBare  = "bare"
-	// maxVerify bounds the verify cgroups registered at once.
-	maxVerify = 8
-)
-
-// IsVerifyDir reports whether name is a verify cgroup's directory name,
-// gpufence-verify-<decimal pid>.
-func IsVerifyDir(name string) bool {
-	n, ok := strings.CutPrefix(name, VerifyPrefix)
-	if !ok || n == "" || n[0] == '0' {
-		return false
-	}
-	_, err := strconv.ParseUint(n, 10, 31)
-	return err == nil
-}
+// maxVerify bounds the verify cgroups registered at once.
+const maxVerify = 8
 
 // verifyStart gives the verify cgroup the peer runs in one GPU, the way a
 // step gets its GPUs (one kernel entry, or in per-cgroup mode the filter
@@ -67,8 +45,8 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 	}
 	dir := filepath.Join(h.Mount, rel)
 	loc, err := jobcgroup.Parse(h.Mount, rel, live)
-	if err != nil || loc.Step != dir || !IsVerifyDir(filepath.Base(loc.Job)) || filepath.Base(loc.Step) != VerifyGiven {
-		return nil, fmt.Errorf("verify: cgroup %s is not a gpufence verify cgroup (%s/%s<pid>/%s); only that cgroup may be given a GPU this way", rel, live, VerifyPrefix, VerifyGiven)
+	if err != nil || loc.Step != dir || !verifycgroup.IsDir(filepath.Base(loc.Job)) || filepath.Base(loc.Step) != verifycgroup.Given {
+		return nil, fmt.Errorf("verify: cgroup %s is not a gpufence verify cgroup (%s/%s<pid>/%s); only that cgroup may be given a GPU this way", rel, live, verifycgroup.Prefix, verifycgroup.Given)
 	}
 	for _, d := range []string{loc.Job, loc.Step} {
 		if uid, err := h.cgroups().Owner(d); err != nil || uid != 0 {
@@ -79,7 +57,7 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 	if err != nil {
 		return nil, fmt.Errorf("verify: %v", err)
 	}
-	cg := devfilter.Cgroup{ID: id, Path: loc.Step}
+	cg := cgroup.Cgroup{ID: id, Path: loc.Step}
 	if h.Registry.Owned(id) {
 		return nil, fmt.Errorf("verify: cgroup %s is registered to a step", loc.Step)
 	}
@@ -200,7 +178,7 @@ func (h *Handler) verifyEnd(m *pb.VerifyEnd) (*pb.Response, error) {
 
 // verifying is a verify cgroup registered and the GPU it was given.
 type verifying struct {
-	cg  devfilter.Cgroup
+	cg  cgroup.Cgroup
 	gpu int
 }
 

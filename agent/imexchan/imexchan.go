@@ -26,7 +26,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gpufence/gpufence/bpf/devfilter"
+	"github.com/gpufence/gpufence/agent/mountinfo"
 )
 
 // Dir is where Slurm mounts a step's channel node.
@@ -136,7 +136,7 @@ func Channels(ents []Entry, major uint32) ([]uint32, error) {
 // MountAt reads a mountinfo file and returns the file system type of the
 // topmost mount at dir, and whether there is one.
 func MountAt(r io.Reader, dir string) (fstype string, found bool, err error) {
-	mounts, err := devfilter.ParseMountinfo(r)
+	mounts, err := mountinfo.Parse(r)
 	if err != nil {
 		return "", false, fmt.Errorf("%v: not in the kernel's format", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/audit/audittest"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/cgwatch"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/enforcer"
@@ -120,9 +121,9 @@ func newEnv(t *testing.T) *env {
 
 // step registers job.step on a new cgroup with an entry, as a StepStart
 // would.
-func (v *env) step(job, step uint32) devfilter.Cgroup {
+func (v *env) step(job, step uint32) cgroup.Cgroup {
 	d := filepath.Join(scope, fmt.Sprintf("job_%d/step_%d", job, step))
-	cg := devfilter.Cgroup{ID: v.n.Mkdir(d), Path: d}
+	cg := cgroup.Cgroup{ID: v.n.Mkdir(d), Path: d}
 	v.reg.AddStep(registry.Step{JobID: job, StepID: step, UID: 1000, Cgroup: cg, GPUs: []int{1}}, filepath.Dir(d))
 	v.enf.Set(cg, devfilter.Policy{GPUMinors: []uint32{1}})
 	return cg
@@ -137,7 +138,7 @@ func TestPassReleasesVanishedSteps(t *testing.T) {
 	v.n.Recreate(remade.Path)
 	v.rc.Pass()
 	for _, tc := range []struct {
-		cg   devfilter.Cgroup
+		cg   cgroup.Cgroup
 		kept bool
 	}{{live, true}, {gone, false}, {remade, false}} {
 		if _, ok := v.f.Entry(tc.cg.ID); ok != tc.kept {

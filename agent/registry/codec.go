@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/agent/store"
-	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
 // The records as the store and the state file hold them: both written
@@ -72,7 +72,7 @@ func jobFromStore(j store.Job) Job {
 
 func stepFromStore(s store.Step) Step {
 	return Step{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: s.GPUs,
-		Cgroup:    devfilter.Cgroup{ID: s.CgroupID, Path: s.Cgroup},
+		Cgroup:    cgroup.Cgroup{ID: s.CgroupID, Path: s.Cgroup},
 		AuditOnly: s.Flags&store.StepFlagAuditOnly != 0, Adopted: s.Flags&store.StepFlagAdopted != 0,
 		IMEXChannels: store.IMEXChannels(s.Flags)}
 }
@@ -125,7 +125,7 @@ func (r *Registry) Reload(fromStore bool, stateFile string) (steps []Step, from 
 			Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: unconfirmed(sj.Unconfirmed), Dir: sj.Dir, Created: sj.Created})
 		for _, ss := range sj.Steps {
 			steps = append(steps, Step{JobID: sj.ID, StepID: ss.ID, UID: ss.UID, GPUs: ss.GPUs,
-				Cgroup: devfilter.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}, AuditOnly: ss.AuditOnly, Adopted: ss.Adopted})
+				Cgroup: cgroup.Cgroup{ID: ss.CgroupID, Path: ss.Cgroup}, AuditOnly: ss.AuditOnly, Adopted: ss.Adopted})
 		}
 	}
 	r.Restore(jobs, steps)

@@ -18,8 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/store"
-	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
 // Job is one job's record.
@@ -57,7 +57,7 @@ type Job struct {
 // Step is one registered step.
 type Step struct {
 	JobID, StepID, UID uint32
-	Cgroup             devfilter.Cgroup
+	Cgroup             cgroup.Cgroup
 	GPUs               []int
 	// AuditOnly: the step's kernel entry allows what GPUs does not grant
 	// and reports it (a step of an unconfirmed job, audit-only).
@@ -70,7 +70,7 @@ type Step struct {
 	IMEXChannels []uint32
 	// Tasks are the step's task cgroups that have a kernel entry of their
 	// own (task_binding: slurm), removed with the step's.
-	Tasks []devfilter.Cgroup
+	Tasks []cgroup.Cgroup
 }
 
 // How an unconfirmed adopted job is handled (config adopt_unconfirmed).
@@ -114,7 +114,7 @@ type Registry struct {
 
 	mu      sync.Mutex
 	jobs    map[uint32]*job
-	exempts map[string]devfilter.Cgroup
+	exempts map[string]cgroup.Cgroup
 	owners  map[uint64]Owner
 
 	view     atomic.Pointer[View]
@@ -135,7 +135,7 @@ type Store interface {
 
 // New returns an empty registry writing through to st (nil: none).
 func New(st Store, log *slog.Logger) *Registry {
-	r := &Registry{log: log, store: st, jobs: map[uint32]*job{}, exempts: map[string]devfilter.Cgroup{},
+	r := &Registry{log: log, store: st, jobs: map[uint32]*job{}, exempts: map[string]cgroup.Cgroup{},
 		owners: map[uint64]Owner{}, changed: make(chan struct{}, 1)}
 	r.view.Store(&View{owners: map[uint64]Owner{}})
 	return r
@@ -407,7 +407,7 @@ func (r *Registry) SetIMEX(jobID, stepID uint32, id uint64, channels []uint32) (
 // stepCg, as having a kernel entry of its own, attributed to the step. It
 // returns the step; gpus are the task's, for attribution; false when no such step is registered (it ended, or
 // was registered again on another cgroup).
-func (r *Registry) AddTask(jobID, stepID uint32, stepCg uint64, task devfilter.Cgroup, gpus []int) (Step, bool) {
+func (r *Registry) AddTask(jobID, stepID uint32, stepCg uint64, task cgroup.Cgroup, gpus []int) (Step, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j, ok := r.jobs[jobID]
@@ -415,7 +415,7 @@ func (r *Registry) AddTask(jobID, stepID uint32, stepCg uint64, task devfilter.C
 		return Step{}, false
 	}
 	s := j.steps[stepID]
-	if !slices.ContainsFunc(s.Tasks, func(t devfilter.Cgroup) bool { return t.ID == task.ID }) {
+	if !slices.ContainsFunc(s.Tasks, func(t cgroup.Cgroup) bool { return t.ID == task.ID }) {
 		s.Tasks = append(slices.Clone(s.Tasks), task)
 	}
 	r.owners[task.ID] = Owner{JobID: s.JobID, StepID: s.StepID, UID: s.UID, GPUs: slices.Clone(gpus)}
@@ -550,7 +550,7 @@ func (r *Registry) StepsOf(id uint32) []Step {
 
 // SetExempt records Slurm's cgroup name (system, slurmd) as cg; a zero cg
 // forgets it.
-func (r *Registry) SetExempt(name string, cg devfilter.Cgroup) {
+func (r *Registry) SetExempt(name string, cg cgroup.Cgroup) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if old, ok := r.exempts[name]; ok {
@@ -565,10 +565,10 @@ func (r *Registry) SetExempt(name string, cg devfilter.Cgroup) {
 }
 
 // Exempts returns Slurm's exempt cgroups by name.
-func (r *Registry) Exempts() map[string]devfilter.Cgroup {
+func (r *Registry) Exempts() map[string]cgroup.Cgroup {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[string]devfilter.Cgroup, len(r.exempts))
+	out := make(map[string]cgroup.Cgroup, len(r.exempts))
 	for n, cg := range r.exempts {
 		out[n] = cg
 	}

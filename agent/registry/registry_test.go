@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/fakenode"
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/agent/store"
-	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
 var _ Store = (*fakenode.Store)(nil)
@@ -29,8 +29,8 @@ func newReg(t *testing.T) (*Registry, *fakenode.Store, *bytes.Buffer) {
 	return New(st, slog.New(slog.NewTextHandler(&logs, nil))), st, &logs
 }
 
-func cg(id uint64) devfilter.Cgroup {
-	return devfilter.Cgroup{ID: id, Path: "/sys/fs/cgroup/s/job_1/step_" + string(rune('0'+id%10))}
+func cg(id uint64) cgroup.Cgroup {
+	return cgroup.Cgroup{ID: id, Path: "/sys/fs/cgroup/s/job_1/step_" + string(rune('0'+id%10))}
 }
 
 // A prolog record goes to the store before it is visible; a requeued job's
@@ -88,15 +88,15 @@ func TestPrologStepAndPlaceholder(t *testing.T) {
 func TestStepOnRecreatedCgroup(t *testing.T) {
 	r, st, _ := newReg(t)
 	r.Prolog(Job{ID: 1, UID: 1000, GPUs: []int{0}})
-	old := devfilter.Cgroup{ID: 100, Path: "/s/job_1/step_0"}
+	old := cgroup.Cgroup{ID: 100, Path: "/s/job_1/step_0"}
 	r.AddStep(Step{JobID: 1, StepID: 0, UID: 1000, Cgroup: old, GPUs: []int{0}}, "/s/job_1")
-	if _, ok := r.AddTask(1, 0, 100, devfilter.Cgroup{ID: 101, Path: old.Path + "/user/task_0"}, []int{0}); !ok {
+	if _, ok := r.AddTask(1, 0, 100, cgroup.Cgroup{ID: 101, Path: old.Path + "/user/task_0"}, []int{0}); !ok {
 		t.Fatal("AddTask on the registered cgroup refused")
 	}
-	if _, ok := r.AddTask(1, 0, 999, devfilter.Cgroup{ID: 102}, nil); ok {
+	if _, ok := r.AddTask(1, 0, 999, cgroup.Cgroup{ID: 102}, nil); ok {
 		t.Error("AddTask on another cgroup than the step's accepted")
 	}
-	nu := devfilter.Cgroup{ID: 200, Path: old.Path}
+	nu := cgroup.Cgroup{ID: 200, Path: old.Path}
 	r.AddStep(Step{JobID: 1, StepID: 0, UID: 1000, Cgroup: nu, GPUs: []int{0}}, "/s/job_1")
 	if r.Owned(100) || r.Owned(101) {
 		t.Error("the old cgroup or its task still owned after the step moved")
@@ -128,7 +128,7 @@ func TestStepOnRecreatedCgroup(t *testing.T) {
 func TestAdoptConfirmDeny(t *testing.T) {
 	r, st, _ := newReg(t)
 	steps := []Step{
-		{JobID: 5, StepID: 0, UID: 1000, Cgroup: devfilter.Cgroup{ID: 50}, GPUs: []int{0, 1, 2, 3}, Adopted: true, AuditOnly: true},
+		{JobID: 5, StepID: 0, UID: 1000, Cgroup: cgroup.Cgroup{ID: 50}, GPUs: []int{0, 1, 2, 3}, Adopted: true, AuditOnly: true},
 	}
 	if !r.Adopt(Job{ID: 5, UID: 1000, Unconfirmed: UnconfirmedAuditOnly, Adopted: "not confirmed"}, steps) {
 		t.Fatal("Adopt refused")
@@ -142,7 +142,7 @@ func TestAdoptConfirmDeny(t *testing.T) {
 	if j, _ := r.Job(6); j.Stepless.IsZero() {
 		t.Error("an adopted job with no step is not stepless")
 	}
-	r.AddStep(Step{JobID: 5, StepID: 1, UID: 1000, Cgroup: devfilter.Cgroup{ID: 51}, GPUs: []int{2, 3}, AuditOnly: true}, "")
+	r.AddStep(Step{JobID: 5, StepID: 1, UID: 1000, Cgroup: cgroup.Cgroup{ID: 51}, GPUs: []int{2, 3}, AuditOnly: true}, "")
 	got, ok := r.Confirm(Job{ID: 5, UID: 1000, GPUs: []int{1, 2}, Recovered: "squeue"})
 	if !ok || len(got) != 2 {
 		t.Fatalf("Confirm: %v %+v", ok, got)
@@ -165,7 +165,7 @@ func TestAdoptConfirmDeny(t *testing.T) {
 	if _, ok := r.Deny(5, "x"); ok {
 		t.Error("Deny of a confirmed job")
 	}
-	r.AddStep(Step{JobID: 6, StepID: 0, UID: 1000, Cgroup: devfilter.Cgroup{ID: 60}, GPUs: []int{0}}, "")
+	r.AddStep(Step{JobID: 6, StepID: 0, UID: 1000, Cgroup: cgroup.Cgroup{ID: 60}, GPUs: []int{0}}, "")
 	denied, ok := r.Deny(6, "ambiguous")
 	if !ok || len(denied) != 1 || len(denied[0].GPUs) != 0 {
 		t.Fatalf("Deny: %v %+v", ok, denied)
@@ -179,7 +179,7 @@ func TestAdoptConfirmDeny(t *testing.T) {
 // limit (one channel below 1<<20) is an error, not a truncation.
 func TestSetIMEX(t *testing.T) {
 	r, st, _ := newReg(t)
-	r.AddStep(Step{JobID: 1, StepID: 0, UID: 1, Cgroup: devfilter.Cgroup{ID: 10}, GPUs: []int{0}}, "")
+	r.AddStep(Step{JobID: 1, StepID: 0, UID: 1, Cgroup: cgroup.Cgroup{ID: 10}, GPUs: []int{0}}, "")
 	if _, ok, err := r.SetIMEX(1, 0, 11, []uint32{3}); ok || err != nil {
 		t.Errorf("SetIMEX on another cgroup: %v %v", ok, err)
 	}
@@ -200,8 +200,8 @@ func TestSetIMEX(t *testing.T) {
 func TestDrop(t *testing.T) {
 	r, st, _ := newReg(t)
 	r.Prolog(Job{ID: 1, UID: 1, Created: time.Unix(1, 0)})
-	r.AddStep(Step{JobID: 1, StepID: 0, Cgroup: devfilter.Cgroup{ID: 10}}, "")
-	r.AddStep(Step{JobID: 1, StepID: 1, Cgroup: devfilter.Cgroup{ID: 11}}, "")
+	r.AddStep(Step{JobID: 1, StepID: 0, Cgroup: cgroup.Cgroup{ID: 10}}, "")
+	r.AddStep(Step{JobID: 1, StepID: 1, Cgroup: cgroup.Cgroup{ID: 11}}, "")
 	was, _ := r.Job(1)
 	if r.DropIf(1, was) {
 		t.Fatal("DropIf dropped a job with steps")
@@ -241,18 +241,18 @@ func TestDrop(t *testing.T) {
 // leaves them.
 func TestExempt(t *testing.T) {
 	r, _, _ := newReg(t)
-	r.SetExempt("system", devfilter.Cgroup{ID: 7, Path: "/s/system"})
+	r.SetExempt("system", cgroup.Cgroup{ID: 7, Path: "/s/system"})
 	if o, ok := r.View().Owner(7); !ok || o.Exempt != "system" {
 		t.Fatalf("exempt owner %+v %v", o, ok)
 	}
 	if _, ok := r.RemoveCgroup(7); ok {
 		t.Error("RemoveCgroup removed an exempt cgroup")
 	}
-	r.SetExempt("system", devfilter.Cgroup{ID: 8, Path: "/s/system"})
+	r.SetExempt("system", cgroup.Cgroup{ID: 8, Path: "/s/system"})
 	if r.Owned(7) || !r.Owned(8) || r.Exempts()["system"].ID != 8 {
 		t.Errorf("exempt made again: owned 7 %v 8 %v, %+v", r.Owned(7), r.Owned(8), r.Exempts())
 	}
-	r.SetExempt("system", devfilter.Cgroup{})
+	r.SetExempt("system", cgroup.Cgroup{})
 	if len(r.Exempts()) != 0 || r.Counts().Exempt != 0 {
 		t.Errorf("exempt forgotten: %+v", r.Exempts())
 	}
@@ -293,10 +293,10 @@ func TestReloadFromStore(t *testing.T) {
 	r.Recovered(Job{ID: 3, UID: 1001, GPUs: []int{2}, Recovered: "squeue"})
 	r.Adopt(Job{ID: 4, UID: 1002, Unconfirmed: UnconfirmedAuditOnly}, nil)
 	r.Adopt(Job{ID: 5, UID: 1002, Unconfirmed: UnconfirmedDeny}, nil)
-	r.AddStep(Step{JobID: 1, StepID: 0, UID: 1000, Cgroup: devfilter.Cgroup{ID: 10, Path: "/s/job_1/step_0"}, GPUs: []int{1}}, "")
-	r.AddStep(Step{JobID: 4, StepID: 0, UID: 1002, Cgroup: devfilter.Cgroup{ID: 40, Path: "/s/job_4/step_0"}, GPUs: []int{0}, AuditOnly: true, Adopted: true}, "")
+	r.AddStep(Step{JobID: 1, StepID: 0, UID: 1000, Cgroup: cgroup.Cgroup{ID: 10, Path: "/s/job_1/step_0"}, GPUs: []int{1}}, "")
+	r.AddStep(Step{JobID: 4, StepID: 0, UID: 1002, Cgroup: cgroup.Cgroup{ID: 40, Path: "/s/job_4/step_0"}, GPUs: []int{0}, AuditOnly: true, Adopted: true}, "")
 	r.SetIMEX(1, 0, 10, []uint32{5})
-	r.AddStep(Step{JobID: 8, StepID: 2, UID: 1003, Cgroup: devfilter.Cgroup{ID: 80, Path: "/s/job_8/step_2"}}, "")
+	r.AddStep(Step{JobID: 8, StepID: 2, UID: 1003, Cgroup: cgroup.Cgroup{ID: 80, Path: "/s/job_8/step_2"}}, "")
 	st.DeleteJob(8) // the job record lost, its step kept
 
 	r2 := New(st, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
@@ -351,7 +351,7 @@ func TestReloadFromStore(t *testing.T) {
 func TestReloadFromStateFile(t *testing.T) {
 	r, _, _ := newReg(t)
 	r.Prolog(Job{ID: 1, UID: 1000, GPUs: []int{0}})
-	r.AddStep(Step{JobID: 1, StepID: 0, UID: 1000, Cgroup: devfilter.Cgroup{ID: 10, Path: "/s/job_1/step_0"}, GPUs: []int{0}}, "/s/job_1")
+	r.AddStep(Step{JobID: 1, StepID: 0, UID: 1000, Cgroup: cgroup.Cgroup{ID: 10, Path: "/s/job_1/step_0"}, GPUs: []int{0}}, "/s/job_1")
 	jobs := r.State()
 	jobs = append(jobs, statefile.Job{ID: 2, UID: 1001, GPUs: []int{}, Adopted: "x", Unconfirmed: "open-everything"})
 	path := filepath.Join(t.TempDir(), "state.json")
@@ -401,7 +401,7 @@ func TestStoreWriteFails(t *testing.T) {
 	r, st, logs := newReg(t)
 	st.Fail = errors.New("map full")
 	r.Prolog(Job{ID: 1, UID: 1})
-	r.AddStep(Step{JobID: 1, StepID: 0, Cgroup: devfilter.Cgroup{ID: 10}}, "")
+	r.AddStep(Step{JobID: 1, StepID: 0, Cgroup: cgroup.Cgroup{ID: 10}}, "")
 	r.RemoveStep(1, 0)
 	r.DropJob(1)
 	for _, want := range []string{"store job record", "store step record", "forget stored step", "forget stored job"} {

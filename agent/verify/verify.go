@@ -30,8 +30,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gpufence/gpufence/agent/handler"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
+	"github.com/gpufence/gpufence/agent/verifycgroup"
 	"github.com/gpufence/gpufence/proto/agentclient"
 	pb "github.com/gpufence/gpufence/proto/gpufence/v1"
 )
@@ -150,8 +150,8 @@ func run(o Options, r *Report, start time.Time) {
 	}
 	removeStale(scope)
 
-	dir := filepath.Join(scope, handler.VerifyPrefix+strconv.Itoa(os.Getpid()))
-	given, bare := filepath.Join(dir, handler.VerifyGiven), filepath.Join(dir, handler.VerifyBare)
+	dir := verifycgroup.Dir(scope, os.Getpid())
+	given, bare := filepath.Join(dir, verifycgroup.Given), filepath.Join(dir, verifycgroup.Bare)
 	for _, d := range []string{dir, given, bare} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			r.add(fail("cgroup", "cannot make the verify cgroup", err.Error()))
@@ -366,7 +366,7 @@ func allFiles(info *childInfo) []string {
 // kernel entry and audits), and checks that nothing is left behind.
 func cleanup(r *Report, dir string, info *childInfo, socket string, start time.Time) {
 	var errs []error
-	for _, d := range []string{filepath.Join(dir, handler.VerifyGiven), filepath.Join(dir, handler.VerifyBare), dir} {
+	for _, d := range []string{filepath.Join(dir, verifycgroup.Given), filepath.Join(dir, verifycgroup.Bare), dir} {
 		if err := rmdir(d); err != nil {
 			errs = append(errs, err)
 		}
@@ -418,19 +418,18 @@ func rmdir(d string) error {
 // removeStale removes verify cgroups a killed verify left (its pid gone,
 // or this process's own pid reused), which hold no process.
 func removeStale(scope string) {
-	dirs, _ := filepath.Glob(filepath.Join(scope, handler.VerifyPrefix+"*"))
+	dirs, _ := filepath.Glob(filepath.Join(scope, verifycgroup.Prefix+"*"))
 	for _, d := range dirs {
-		name := filepath.Base(d)
-		if !handler.IsVerifyDir(name) {
+		pid, ok := verifycgroup.PID(filepath.Base(d))
+		if !ok {
 			continue
 		}
-		pid, _ := strconv.Atoi(strings.TrimPrefix(name, handler.VerifyPrefix))
 		if pid != os.Getpid() {
 			if err := unix.Kill(pid, 0); err == nil || errors.Is(err, unix.EPERM) {
 				continue // another verify running
 			}
 		}
-		for _, leaf := range []string{handler.VerifyGiven, handler.VerifyBare} {
+		for _, leaf := range []string{verifycgroup.Given, verifycgroup.Bare} {
 			unix.Rmdir(filepath.Join(d, leaf))
 		}
 		unix.Rmdir(d)

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -387,7 +388,7 @@ func TestPrivilegedForgetRate(t *testing.T) {
 	forEachMode(t, func(t *testing.T, fx *fixture, mode Mode) {
 		f := newFilter(t, fx.options(mode, Options{RateBurst: 2, RateWindow: time.Hour}))
 		step1, step2 := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "job_2/step_0")
-		for _, cg := range []Cgroup{step1, step2} {
+		for _, cg := range []cgroup.Cgroup{step1, step2} {
 			if err := f.Set(cg, Policy{}); err != nil {
 				t.Fatal(err)
 			}

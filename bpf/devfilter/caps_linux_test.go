@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -97,7 +98,7 @@ func TestPrivilegedCaps(t *testing.T) {
 		events := collectEvents(f)
 		sliceA, sliceB, system := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "job_2/step_0"), fx.cgroup(t, "system")
 		// Two slices of GPU 0: both open the parent, each its own caps.
-		for cg, p := range map[Cgroup]Policy{
+		for cg, p := range map[cgroup.Cgroup]Policy{
 			sliceA: {GPUMinors: []uint32{0}, CapsMinors: []uint32{12, 13}},
 			sliceB: {GPUMinors: []uint32{0}, CapsMinors: []uint32{21, 22, 4322}},
 			system: {AllowAll: true},
@@ -180,10 +181,10 @@ func olderSpec(t *testing.T, n int, mapName string, valueSize uint32) *ebpf.Coll
 
 // setStepAndSystem gives job_1/step_0 GPU 2 and MIG capability 12 and
 // system every device, as the upgrade tests' older agents do.
-func setStepAndSystem(t *testing.T, fx *fixture, f *Filter) (step, system Cgroup) {
+func setStepAndSystem(t *testing.T, fx *fixture, f *Filter) (step, system cgroup.Cgroup) {
 	t.Helper()
 	step, system = fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "system")
-	for cg, p := range map[Cgroup]Policy{step: {GPUMinors: []uint32{2}, CapsMinors: []uint32{12}}, system: {AllowAll: true}} {
+	for cg, p := range map[cgroup.Cgroup]Policy{step: {GPUMinors: []uint32{2}, CapsMinors: []uint32{12}}, system: {AllowAll: true}} {
 		if err := f.Set(cg, p); err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +194,7 @@ func setStepAndSystem(t *testing.T, fx *fixture, f *Filter) (step, system Cgroup
 
 // setLayout1 writes a first-layout policy (GPU bitmap word 0 only), as an
 // agent of that layout did.
-func setLayout1(t *testing.T, f *Filter, cg Cgroup, allowAll bool, gpuWord0 uint64) {
+func setLayout1(t *testing.T, f *Filter, cg cgroup.Cgroup, allowAll bool, gpuWord0 uint64) {
 	t.Helper()
 	raw := make([]byte, policyLayout1Size)
 	binary.NativeEndian.PutUint64(raw, cg.ID)

@@ -5,9 +5,9 @@ package devfilter
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
+	"github.com/gpufence/gpufence/agent/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -95,7 +95,7 @@ func statBelow(root, path string, stx *unix.Statx_t) error {
 
 // sameID compares the file stat showed (path's) with want, through the
 // superblock device of its mount in mountinfo where stat shows another.
-func sameID(path string, stx *unix.Statx_t, mountinfo string, want ExeID) (bool, error) {
+func sameID(path string, stx *unix.Statx_t, mountinfoPath string, want ExeID) (bool, error) {
 	if stx.Ino != want.Ino {
 		return false, nil
 	}
@@ -106,12 +106,7 @@ func sameID(path string, stx *unix.Statx_t, mountinfo string, want ExeID) (bool,
 		return false, fmt.Errorf("%s: %w: device %d:%d is not the superblock's %d:%d and the kernel gives no mount id",
 			path, ErrExeUnknown, stx.Dev_major, stx.Dev_minor, want.Major, want.Minor)
 	}
-	f, err := os.Open(mountinfo)
-	if err != nil {
-		return false, fmt.Errorf("%s: %w: %w", path, ErrExeUnknown, err)
-	}
-	defer f.Close()
-	mounts, err := ParseMountinfo(f)
+	mounts, err := mountinfo.Read(mountinfoPath)
 	if err != nil {
 		return false, fmt.Errorf("%s: %w: %w", path, ErrExeUnknown, err)
 	}
@@ -120,5 +115,5 @@ func sameID(path string, stx *unix.Statx_t, mountinfo string, want ExeID) (bool,
 			return m.Major == want.Major && m.Minor == want.Minor, nil
 		}
 	}
-	return false, fmt.Errorf("%s: %w: mount %d not in %s", path, ErrExeUnknown, stx.Mnt_id, mountinfo)
+	return false, fmt.Errorf("%s: %w: mount %d not in %s", path, ErrExeUnknown, stx.Mnt_id, mountinfoPath)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -75,7 +76,7 @@ func TestPrivilegedFabricDenied(t *testing.T) {
 		f := newFilter(t, fx.fabricOptions(mode, Options{}))
 		events := collectEvents(f)
 		step, sliceStep, system := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "job_2/step_0"), fx.cgroup(t, "system")
-		for cg, p := range map[Cgroup]Policy{
+		for cg, p := range map[cgroup.Cgroup]Policy{
 			// A step holding every GPU, and one holding a MIG slice.
 			step:      {GPUMinors: []uint32{0, 1, 2, 3}},
 			sliceStep: {GPUMinors: []uint32{0}, CapsMinors: []uint32{12, 13}},

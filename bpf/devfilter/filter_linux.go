@@ -22,6 +22,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -322,7 +323,7 @@ func boolU32(b bool) uint32 {
 // A bpf_link always attaches with BPF_F_ALLOW_MULTI semantics, so it never
 // replaces nor overrides a program someone else attached (Slurm's).
 func attach(dir string, id uint64, prog *ebpf.Program) (link.Link, error) {
-	if err := checkCgroup2Dir(dir, id); err != nil {
+	if err := cgroup.CheckDir(dir, id); err != nil {
 		return nil, fmt.Errorf("attach device filter to %s: %w", dir, err)
 	}
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -375,7 +376,7 @@ func attachFD(fd int, prog *ebpf.Program) (link.Link, error) {
 // Mode is the mode the filter runs in.
 func (f *Filter) Mode() Mode { return f.mode }
 
-func encodePolicy(cg Cgroup, p Policy) (devfilterPolicy, error) {
+func encodePolicy(cg cgroup.Cgroup, p Policy) (devfilterPolicy, error) {
 	if cg.ID == 0 {
 		return devfilterPolicy{}, errors.New("cgroup id 0")
 	}
@@ -400,7 +401,7 @@ func storageKey(id uint64) devfilterBpfCgroupStorageKey {
 
 // Set gives cg the policy p, replacing any previous one. In ModePerCgroup it
 // attaches the program to cg.Path the first time.
-func (f *Filter) Set(cg Cgroup, p Policy) error {
+func (f *Filter) Set(cg cgroup.Cgroup, p Policy) error {
 	v, err := encodePolicy(cg, p)
 	if err != nil {
 		return fmt.Errorf("set device policy of cgroup %d: %w", cg.ID, err)
@@ -445,7 +446,7 @@ func (f *Filter) Set(cg Cgroup, p Policy) error {
 // Remove takes the policy of cg away. In ModeScope the cgroup is then denied
 // every GPU; in ModePerCgroup the program is detached from it, which leaves
 // it unnarrowed (Remove is for cgroups that are going away).
-func (f *Filter) Remove(cg Cgroup) error {
+func (f *Filter) Remove(cg cgroup.Cgroup) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {

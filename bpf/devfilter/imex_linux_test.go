@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -181,7 +182,7 @@ func TestPrivilegedIMEXChannels(t *testing.T) {
 		f := newFilter(t, fx.options(mode, Options{CapsMajor: fx.capsMajor, IMEXMajor: major}))
 		events := collectEvents(f)
 		jobA, jobB, cpu, system := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "job_2/step_0"), fx.cgroup(t, "job_3/step_0"), fx.cgroup(t, "system")
-		for cg, p := range map[Cgroup]Policy{
+		for cg, p := range map[cgroup.Cgroup]Policy{
 			jobA:   {GPUMinors: []uint32{0}, IMEXChannels: []uint32{1}},
 			jobB:   {GPUMinors: []uint32{1}, IMEXChannels: []uint32{2047}},
 			cpu:    {},

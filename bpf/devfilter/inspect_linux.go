@@ -3,9 +3,6 @@
 package devfilter
 
 import (
-	"bytes"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -15,7 +12,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 )
 
 // PinnedView is what a filter left pinned in a directory, read without
@@ -278,51 +274,4 @@ func readLink(dir, name string) (*PinnedLink, error) {
 		p.Close()
 	}
 	return out, nil
-}
-
-// CgroupExists reports whether the cgroup2 cgroup with this id exists, by
-// opening it by handle (needs CAP_DAC_READ_SEARCH).
-func CgroupExists(id uint64) (bool, error) {
-	fd, err := openCgroupByID(id)
-	if errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	unix.Close(fd)
-	return true, nil
-}
-
-// The sizes of struct filter_config an agent may have pinned, oldest
-// first; each is a prefix of the next, which only appends fields whose zero
-// narrows nothing. configLayout1Size: before the fabric majors (program
-// layouts 1 and 2 of testdata/); configLayout2Size: before the IMEX major
-// (program layout 3). A config map of another size is not read.
-const (
-	configLayout1Size = 32
-	configLayout2Size = 40
-)
-
-// configLayoutSizes lists every config size putConfig and readConfig
-// accept: the older layouts and this one.
-var configLayoutSizes = []int{configLayout1Size, configLayout2Size, binary.Size(devfilterFilterConfig{})}
-
-// readConfig reads the config map of this layout or of an older, shorter
-// one, zero-extended (no fabric or IMEX major narrowed).
-func readConfig(m *ebpf.Map) (devfilterFilterConfig, error) {
-	var c devfilterFilterConfig
-	size := binary.Size(c)
-	if !slices.Contains(configLayoutSizes, int(m.ValueSize())) {
-		return c, fmt.Errorf("config value of %d bytes: not a layout of %v bytes", m.ValueSize(), configLayoutSizes)
-	}
-	raw := make([]byte, m.ValueSize())
-	if err := m.Lookup(uint32(0), raw); err != nil {
-		return c, err
-	}
-	raw = append(raw, make([]byte, size-len(raw))...)
-	if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &c); err != nil {
-		return c, err
-	}
-	return c, nil
 }

@@ -3,7 +3,6 @@
 package devfilter
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -16,66 +15,12 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
-)
-
-// Pins under Options.PinDir. bpffs holds BPF objects only, so what the pins
-// belong to is itself a pinned map (pinStateName).
-//
-//	state          ARRAY[1] of pinState: layout version, mode, scope cgroup id
-//	map_<name>     each map of the program (config, policies|storage, ...)
-//	link           the scope link (ModeScope)
-//	link_slurmd    the link on slurmd's own cgroup outside the scope
-//	               (systemd's slurmd.service; ModeScope)
-//	cgroup_<id>    the link on cgroup <id> (ModePerCgroup)
-//
-// A pin is replaced by pinning the new object as <name>_new and renaming it
-// over <name>: the name never points at nothing.
-//
-// pinVersion is the layout of this directory (the names above), not of the
-// maps: a map whose key, value, size or flags changed is found by comparing
-// it with the new program's spec and replaced, its entries carried over
-// (policies zero-extended, see policyMaps). Bumping pinVersion would make a
-// new agent detach and drop everything an older one pinned.
-const (
-	pinStateName   = "state"
-	pinLinkName    = "link"
-	pinSlurmdLink  = "link_slurmd"
-	pinMapPrefix   = "map_"
-	pinCgroupPref  = "cgroup_"
-	pinTempSuffix  = "_new" // bpffs refuses names with a dot
-	pinVersion     = 1
-	pinModeScope   = 1
-	pinModePerCgrp = 2
 )
 
 // DefaultBPFFS is where EnsureBPFFS mounts bpffs when it is absent.
 const DefaultBPFFS = "/sys/fs/bpf"
-
-// pinState is the value of the state map.
-type pinState struct {
-	Version uint32
-	Mode    uint32
-	// ScopeID is the cgroup id of the scope (ModeScope), else 0.
-	ScopeID uint64
-}
-
-var stateSpec = &ebpf.MapSpec{Name: "gpufence_state", Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1}
-
-func pinModeCode(m Mode) uint32 {
-	if m == ModeScope {
-		return pinModeScope
-	}
-	return pinModePerCgrp
-}
-
-// mapNames are the maps of a mode, as named in the collection.
-func mapNames(m Mode) []string {
-	if m == ModeScope {
-		return []string{"config", "policies", "events", "lost", "rate", "rate_full"}
-	}
-	return []string{"config", "storage", "events", "lost", "rate", "rate_full"}
-}
 
 // testSpecHook lets tests change the collection New loads, to play an
 // upgrade that changes a map.
@@ -259,30 +204,6 @@ func loadState(dir string) (*ebpf.Map, pinState, error) {
 	return m, st, nil
 }
 
-// pinNames lists the names under dir that are gpufence pins.
-func pinNames(dir string) ([]string, error) {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list device filter pins: %w", err)
-	}
-	var out []string
-	for _, e := range ents {
-		n := strings.TrimSuffix(e.Name(), pinTempSuffix)
-		if n == pinStateName || n == pinLinkName || n == pinSlurmdLink || strings.HasPrefix(n, pinMapPrefix) || strings.HasPrefix(n, pinCgroupPref) {
-			out = append(out, e.Name())
-		}
-	}
-	return out, nil
-}
-
-func isLinkPin(name string) bool {
-	name = strings.TrimSuffix(name, pinTempSuffix)
-	return name == pinLinkName || name == pinSlurmdLink || strings.HasPrefix(name, pinCgroupPref)
-}
-
 // removePins detaches the links among names and removes the pins.
 func removePins(dir string, names []string) error {
 	var errs []error
@@ -340,8 +261,6 @@ func pinOver(dir, name string, pin func(string) error) error {
 	return nil
 }
 
-func cgroupPinName(id uint64) string { return pinCgroupPref + strconv.FormatUint(id, 10) }
-
 // pinMaps pins the maps New created (not the reused ones, which are pinned
 // already), after copying into them what the pinned maps they replace hold
 // when the entries keep their layout (hash maps whose size or flags
@@ -398,17 +317,6 @@ func (f *Filter) mapByName(n string) *ebpf.Map {
 	return nil
 }
 
-// policyMaps are the maps whose value is struct policy. That struct only
-// grows at its end, and a zero tail grants nothing (the caps bitmap came
-// after the GPU bitmap), so an entry of an older layout is carried over
-// zero-extended: a step keeps its GPUs across the upgrade and gets no
-// capability it did not have.
-var policyMaps = map[string]bool{"policies": true, "storage": true}
-
-// policyLayout1Size is the size of struct policy in the first layout
-// (cgroup id, flags, GPU bitmap); no older value exists.
-const policyLayout1Size = 48
-
 // copyEntries copies the entries of a hash map into a new one whose keys
 // have the same size and whose values have the same size or, with extend,
 // are an older, shorter layout of the same struct (zero-extended).
@@ -430,32 +338,6 @@ func copyEntries(from, to *ebpf.Map, extend bool) error {
 		}
 	}
 	return it.Err()
-}
-
-// decodePolicyValue reads a struct policy of this layout or an older one,
-// zero-extended (see policyMaps).
-func decodePolicyValue(b []byte) (devfilterPolicy, error) {
-	var v devfilterPolicy
-	size := binary.Size(v)
-	if len(b) > size || len(b) < policyLayout1Size {
-		return v, fmt.Errorf("policy value of %d bytes: not a layout of %d to %d bytes", len(b), policyLayout1Size, size)
-	}
-	buf := make([]byte, size)
-	copy(buf, b)
-	if err := binary.Read(bytes.NewReader(buf), binary.NativeEndian, &v); err != nil {
-		return v, fmt.Errorf("decode policy value: %w", err)
-	}
-	return v, nil
-}
-
-// lookupPolicy reads the policy of key from m, whose value may have an
-// older layout.
-func lookupPolicy(m *ebpf.Map, key any) (devfilterPolicy, error) {
-	raw := make([]byte, m.ValueSize())
-	if err := m.Lookup(key, raw); err != nil {
-		return devfilterPolicy{}, err
-	}
-	return decodePolicyValue(raw)
 }
 
 // adoptCgroupLinks takes over the per-cgroup links of prev. When the
@@ -499,7 +381,7 @@ func (f *Filter) adoptCgroupLinks(prev *pinned, storageReused bool) error {
 			}
 			continue
 		}
-		fd, err := openCgroupByID(id)
+		fd, err := cgroup.OpenByID(id)
 		if errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT) {
 			if err := removePins(prev.dir, []string{name}); err != nil {
 				return err
@@ -538,45 +420,6 @@ func (f *Filter) adoptCgroupLinks(prev *pinned, storageReused bool) error {
 		f.attached[id] = l
 	}
 	return nil
-}
-
-// fileIDKernfs is the file handle type of kernfs (cgroup2): the handle is
-// the 64-bit cgroup id.
-const fileIDKernfs = 0xfe
-
-// openCgroupByID opens the cgroup2 directory whose id is id.
-func openCgroupByID(id uint64) (int, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return -1, err
-	}
-	mounts, err := cgroup2Mounts(f)
-	f.Close()
-	if err != nil {
-		return -1, err
-	}
-	var mnt string
-	for _, m := range mounts {
-		if m.Root == "/" {
-			mnt = m.MountPoint
-			break
-		}
-	}
-	if mnt == "" {
-		return -1, errors.New("no cgroup2 mount of the root cgroup")
-	}
-	mfd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, err
-	}
-	defer unix.Close(mfd)
-	var b [8]byte
-	binary.NativeEndian.PutUint64(b[:], id)
-	fd, err := unix.OpenByHandleAt(mfd, unix.NewFileHandle(fileIDKernfs, b[:]), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
-	if err != nil {
-		return -1, fmt.Errorf("open cgroup %d: %w", id, err)
-	}
-	return fd, nil
 }
 
 // Adopted says whether New took over the pins of a previous filter.

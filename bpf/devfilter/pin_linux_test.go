@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -397,7 +398,7 @@ func TestPrivilegedPinCleanStale(t *testing.T) {
 		step1, step2, step4 := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "job_2/step_0"), fx.cgroup(t, "job_4/step_0")
 
 		f := mustNew(t, o)
-		for cg, p := range map[Cgroup]Policy{step1: {GPUMinors: []uint32{0}}, step2: {GPUMinors: []uint32{1}}, step4: {GPUMinors: []uint32{2}}} {
+		for cg, p := range map[cgroup.Cgroup]Policy{step1: {GPUMinors: []uint32{0}}, step2: {GPUMinors: []uint32{1}}, step4: {GPUMinors: []uint32{2}}} {
 			if err := f.Set(cg, p); err != nil {
 				t.Fatal(err)
 			}
@@ -415,7 +416,7 @@ func TestPrivilegedPinCleanStale(t *testing.T) {
 		removeTree(t, fx.path("job_4"))
 
 		live := func(id uint64) bool {
-			fd, err := openCgroupByID(id)
+			fd, err := cgroup.OpenByID(id)
 			if err != nil {
 				return false
 			}

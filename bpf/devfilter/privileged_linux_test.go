@@ -22,6 +22,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -137,22 +138,11 @@ func requirePrivileges(t *testing.T) string {
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root (loads BPF programs, creates cgroups and device nodes)")
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	mnt, err := cgroup.RootMount()
 	if err != nil {
-		t.Skipf("skipping: no /proc/self/mountinfo: %v", err)
+		t.Skipf("skipping: %v", err)
 	}
-	defer f.Close()
-	mounts, err := cgroup2Mounts(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range mounts {
-		if m.Root == "/" {
-			return m.MountPoint
-		}
-	}
-	t.Skip("skipping: no cgroup2 mount of the root cgroup")
-	return ""
+	return mnt
 }
 
 func requireMode(t *testing.T, mode Mode) {
@@ -240,13 +230,13 @@ func removeTree(t *testing.T, root string) {
 
 func (fx *fixture) path(rel string) string { return filepath.Join(fx.scope, rel) }
 
-func (fx *fixture) cgroup(t *testing.T, rel string) Cgroup {
+func (fx *fixture) cgroup(t *testing.T, rel string) cgroup.Cgroup {
 	t.Helper()
 	var st unix.Stat_t
 	if err := unix.Stat(fx.path(rel), &st); err != nil {
 		t.Fatal(err)
 	}
-	return Cgroup{ID: st.Ino, Path: fx.path(rel)}
+	return cgroup.Cgroup{ID: st.Ino, Path: fx.path(rel)}
 }
 
 // openAll runs a child in the cgroup rel and returns its pid and the errno of
@@ -382,7 +372,7 @@ func TestPrivilegedScopeMode(t *testing.T) {
 	}
 	events := collectEvents(f)
 	step1, job2step, job3, system := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "job_2/step_0"), fx.cgroup(t, "job_3"), fx.cgroup(t, "system")
-	for cg, p := range map[Cgroup]Policy{
+	for cg, p := range map[cgroup.Cgroup]Policy{
 		step1:  {GPUMinors: []uint32{0}},
 		job3:   {GPUMinors: []uint32{2, 3}},
 		system: {AllowAll: true},
@@ -489,7 +479,7 @@ func TestPrivilegedPerCgroupMode(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("Policies() = %v, want %v", got, want)
 	}
-	if err := f.Set(Cgroup{ID: step1.ID + 1, Path: step1.Path}, Policy{}); err == nil {
+	if err := f.Set(cgroup.Cgroup{ID: step1.ID + 1, Path: step1.Path}, Policy{}); err == nil {
 		t.Error("Set attached to a path whose inode is not the cgroup id")
 	}
 

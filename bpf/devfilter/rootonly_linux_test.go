@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -131,7 +132,7 @@ func TestPrivilegedRootOnlyExempt(t *testing.T) {
 		}
 		f := newFilter(t, fx.fabricOptions(mode, Options{}))
 		system, slurmd, step := fx.cgroup(t, "system"), fx.cgroup(t, "slurmd"), fx.cgroup(t, "job_1/step_0")
-		for cg, p := range map[Cgroup]Policy{
+		for cg, p := range map[cgroup.Cgroup]Policy{
 			system: {AllowAll: true, RootOnly: true},
 			slurmd: {AllowAll: true},
 			step:   {GPUMinors: []uint32{2}},

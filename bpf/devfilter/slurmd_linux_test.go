@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,7 +42,7 @@ func TestPrivilegedSlurmdOutsideScope(t *testing.T) {
 	if err := f.Set(step, Policy{GPUMinors: []uint32{2}}); err != nil {
 		t.Fatal(err)
 	}
-	attachSlurmd := func(f *Filter) Cgroup {
+	attachSlurmd := func(f *Filter) cgroup.Cgroup {
 		t.Helper()
 		cg := fx.cgroup(t, rel)
 		// The entry first: root's NVML never meets a missing one.
@@ -56,7 +57,7 @@ func TestPrivilegedSlurmdOutsideScope(t *testing.T) {
 		}
 		return cg
 	}
-	narrowed := func(events *eventCollector, slurmd Cgroup) {
+	narrowed := func(events *eventCollector, slurmd cgroup.Cgroup) {
 		t.Helper()
 		fx.expectAs(t, rel, rootIDs, true)
 		for _, ids := range nonRootIDs {

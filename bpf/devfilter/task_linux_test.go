@@ -5,6 +5,8 @@ package devfilter
 import (
 	"os"
 	"testing"
+
+	"github.com/gpufence/gpufence/agent/cgroup"
 )
 
 // A task cgroup's own entry (task_binding: slurm) decides for that task
@@ -21,7 +23,7 @@ func TestPrivilegedScopeTaskEntry(t *testing.T) {
 	}
 	f := newFilter(t, Options{Mode: ModeScope, ScopeDir: fx.scope})
 	step, task1, otherTask := fx.cgroup(t, "job_1/step_0"), fx.cgroup(t, "job_1/step_0/user/task_1"), fx.cgroup(t, "job_2/step_0/user/task_1")
-	for cg, p := range map[Cgroup]Policy{
+	for cg, p := range map[cgroup.Cgroup]Policy{
 		step:      {GPUMinors: []uint32{0, 1}},
 		task1:     {GPUMinors: []uint32{1}},
 		otherTask: {GPUMinors: []uint32{3}}, // a task entry whose step has none

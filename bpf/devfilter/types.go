@@ -209,14 +209,6 @@ func (o Options) validate() (Options, error) {
 	return o, nil
 }
 
-// Cgroup names a cgroup2 directory.
-type Cgroup struct {
-	// ID is the cgroup id, the inode number of its directory.
-	ID uint64
-	// Path is the absolute path of the directory; needed in ModePerCgroup.
-	Path string
-}
-
 // Policy says which GPU devices a cgroup may open.
 type Policy struct {
 	AllowAll bool

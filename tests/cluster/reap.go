@@ -11,7 +11,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/gpufence/gpufence/bpf/devfilter"
+	"github.com/gpufence/gpufence/agent/mountinfo"
 )
 
 // staleGlob matches the roots Start makes itself (makeRoot with no root).
@@ -90,8 +90,8 @@ func unmountUnder(dir string) error {
 }
 
 // mountsUnder lists the mount points of a mountinfo text strictly below dir.
-func mountsUnder(mountinfo, dir string) []string {
-	mounts, err := devfilter.ParseMountinfo(strings.NewReader(mountinfo))
+func mountsUnder(text, dir string) []string {
+	mounts, err := mountinfo.Parse(strings.NewReader(text))
 	if err != nil {
 		return nil
 	}

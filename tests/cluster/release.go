@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/gpufence/gpufence/agent/jobcgroup"
-	"github.com/gpufence/gpufence/bpf/devfilter"
+	"github.com/gpufence/gpufence/agent/mountinfo"
 	"github.com/gpufence/gpufence/tests/debroot"
 	"github.com/gpufence/gpufence/tests/slurmrel"
 )
@@ -469,7 +469,7 @@ func mountsAt(dir string) []string {
 	if err != nil {
 		return []string{"(cannot read /proc/self/mountinfo: " + err.Error() + ")"}
 	}
-	mounts, err := devfilter.ParseMountinfo(bytes.NewReader(b))
+	mounts, err := mountinfo.Parse(bytes.NewReader(b))
 	if err != nil {
 		return []string{"(" + err.Error() + ")"}
 	}

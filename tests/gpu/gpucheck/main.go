@@ -33,6 +33,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/cgroup"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
@@ -345,7 +346,7 @@ func isolate(args []string) int {
 			}
 		}
 	}()
-	cg := devfilter.Cgroup{ID: id, Path: step}
+	cg := cgroup.Cgroup{ID: id, Path: step}
 	failed := false
 	for _, phase := range []struct {
 		name  string

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package status
 
 import (
 	"bytes"
@@ -22,11 +22,11 @@ func TestStatusTextEscapes(t *testing.T) {
 	in.Kernel.Errors = []string{"map x: " + evil}
 	in.UserName = func(uint32) string { return "alice" + evil }
 	in.State.Jobs[0].Broken = "slurmctld said " + evil
-	clean := buildStatus(consistentInput(t))
-	r := buildStatus(in)
+	clean := Build(consistentInput(t))
+	r := Build(in)
 	var out, want bytes.Buffer
-	writeStatus(&out, r)
-	writeStatus(&want, clean)
+	Write(&out, r)
+	Write(&want, clean)
 	text := out.String()
 	for i, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
 		if audit.Printable(line) != line {
