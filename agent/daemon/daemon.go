@@ -38,6 +38,7 @@ import (
 	"github.com/gpufence/gpufence/agent/reconcile"
 	"github.com/gpufence/gpufence/agent/recovery"
 	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/agent/shares"
 	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/agent/store"
@@ -95,9 +96,12 @@ type Daemon struct {
 	h        *handler.Handler
 	rc       *reconcile.Reconciler
 	recovery *recovery.Recovery
-	watch    *cgwatch.Watcher
-	users    *users.Cache
-	adopter  *adopt.Adopter
+	// shares names jobs' shard and mps shares in records; nil on a node
+	// without them.
+	shares  *shares.Book
+	watch   *cgwatch.Watcher
+	users   *users.Cache
+	adopter *adopt.Adopter
 
 	// adoptions are the running jobs found with no record at start, with
 	// slurmctld's answers, until the filter's attach writes them.
@@ -159,10 +163,13 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			d.log.Warn("cannot read the last agent's audit counts; accesses counted while no agent ran are not reported", "err", err)
 		}
 	}
+	if d.table.HasShares() && cfg.RecoverFromSlurmctld {
+		d.shares = shares.New(jobSource(cfg), d.table, log.With("component", "shares"))
+	}
 	d.ev = events.New(events.Options{Log: log.With("component", "events"), Recorder: rec, Owners: d.reg, Table: d.table,
 		Fabric:    devices.Fabric{NVSwitchMajor: cfg.NVSwitchMajor, NVLinkMajor: cfg.NVLinkMajor},
 		IMEXMajor: cfg.IMEXChannelsMajor,
-		Users:     d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize, Resume: resume})
+		Users:     d.users, AuditOnly: d.auditOnly.Load, QueueSize: cfg.Audit.QueueSize, Resume: resume, Shares: d.shares.Of})
 	d.enf = enforcer.New(enforcer.Options{
 		Log: d.log, Mount: mount, Scope: cfg.Scope, Node: cfg.NodeName, Exempt: cfg.ExemptCgroups, PinDir: cfg.PinDir,
 		Slice: func() string {
@@ -272,6 +279,9 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	d.persistStop, d.persistDone = cancel, make(chan struct{})
 	w := &persist.Writer{Path: cfg.StateFile, Snapshot: d.snapshot, Changed: d.reg.Changed(), Log: d.log}
 	go func() { defer close(d.persistDone); w.Run(ctx) }()
+	if d.shares != nil {
+		d.watchShares(ctx)
+	}
 	return d, nil
 }
 
@@ -485,9 +495,26 @@ func (d *Daemon) snapshot() statefile.File {
 	}
 	for _, j := range d.reg.Jobs() {
 		st.Jobs = append(st.Jobs, statefile.Job{ID: j.ID, UID: j.UID, GPUs: j.GPUs, Broken: j.Broken, NoProlog: j.NoProlog,
-			Recovered: j.Recovered, Adopted: j.Adopted, Unconfirmed: j.Unconfirmed, Dir: j.Dir, Created: j.Created, Steps: byJob[j.ID]})
+			Recovered: j.Recovered, Adopted: j.Adopted, Unconfirmed: j.Unconfirmed, Dir: j.Dir, Created: j.Created, Steps: byJob[j.ID],
+			Shares: d.shares.Of(j.ID)})
 	}
 	return st
+}
+
+// watchShares asks slurmctld about each recorded job with GPUs, once, off
+// every request's path (agent/shares), until ctx ends.
+func (d *Daemon) watchShares(ctx context.Context) {
+	d.shares.Changed = d.reg.Touch
+	go d.shares.Run(ctx)
+	d.reg.AddWatcher(func(jobs []registry.Job) {
+		ids := make([]uint32, 0, len(jobs))
+		for _, j := range jobs {
+			if len(j.GPUs) > 0 && !j.NoProlog {
+				ids = append(ids, j.ID)
+			}
+		}
+		d.shares.Jobs(ids)
+	})
 }
 
 // tableState is the GPU table as gpufence status shows it.

@@ -298,6 +298,9 @@ func (t *Table) GPUs() []devices.GPU {
 	return out
 }
 
+// HasShares reports whether the node has gres/shard or gres/mps.
+func (t *Table) HasShares() bool { return len(t.shares) > 0 }
+
 // ShareGPU returns the GPU index that device dev of shared GRES kind
 // ("shard", "mps"), as slurmctld numbers it, is on; false when the table
 // places no such device on a GPU of its own.

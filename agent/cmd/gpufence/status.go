@@ -240,10 +240,12 @@ type jobReport struct {
 	Broken   string `json:"broken,omitempty"`
 	// Recovered, Adopted and Unconfirmed: where the list came from when
 	// not the prolog (statefile.Job).
-	Recovered   string       `json:"recovered,omitempty"`
-	Adopted     string       `json:"adopted,omitempty"`
-	Unconfirmed string       `json:"unconfirmed,omitempty"`
-	Steps       []stepReport `json:"steps"`
+	Recovered   string `json:"recovered,omitempty"`
+	Adopted     string `json:"adopted,omitempty"`
+	Unconfirmed string `json:"unconfirmed,omitempty"`
+	// Shares are the job's shard and mps shares per slurmctld.
+	Shares []audit.Share `json:"shares,omitempty"`
+	Steps  []stepReport  `json:"steps"`
 }
 
 // stepReport is one step of a job.
@@ -379,7 +381,7 @@ func buildStatus(in statusInput) statusReport {
 		}
 		for _, sj := range st.Jobs {
 			j := jobReport{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, NoProlog: sj.NoProlog, Broken: sj.Broken,
-				Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: sj.Unconfirmed, Steps: []stepReport{}}
+				Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: sj.Unconfirmed, Shares: sj.Shares, Steps: []stepReport{}}
 			if j.GPUs == nil {
 				j.GPUs = []int{}
 			}
@@ -635,6 +637,9 @@ func writeStatus(w io.Writer, r statusReport) {
 			}
 			if j.Broken != "" {
 				flags = append(flags, "broken: "+j.Broken)
+			}
+			for _, sh := range j.Shares {
+				flags = append(flags, "share "+sh.String())
 			}
 			switch {
 			case j.Unconfirmed != "":
