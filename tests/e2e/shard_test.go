@@ -382,9 +382,9 @@ func TestPrivilegedSharedGPUs(t *testing.T) {
 				// gres_detail names the shares by the shared GRES's own
 				// devices, and must place each on its GPU.
 				// gpu:1 takes a GPU whole, so the shares are on others: their
-				// device numbers are not 0. Slurm puts mps on one GPU of a
-				// node at a time (22.05 left a second GPU's mps:50 pending
-				// beside an mps:100), so mps is two halves of one GPU.
+				// device numbers are not 0. mps is two halves of one GPU:
+				// 22.05 left an mps:50 pending (Resources) beside a gpu:1
+				// and an mps:100, with two GPUs' mps free.
 				reqs := []string{"gpu:1", fmt.Sprintf("%s:%d", kind, per(kind)), half}
 				if kind == "mps" {
 					reqs = []string{"gpu:1", half, half}
