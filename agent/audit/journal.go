@@ -123,6 +123,13 @@ func journalFields(r *Record) []journalField {
 		}
 		f = append(f, journalField{"GPUFENCE_GPUS", strings.Join(s, ",")})
 	}
+	if len(r.Shares) > 0 {
+		s := make([]string, len(r.Shares))
+		for i, sh := range r.Shares {
+			s[i] = sh.String()
+		}
+		f = append(f, journalField{"GPUFENCE_SHARES", strings.Join(s, ", ")})
+	}
 	add("GPUFENCE_CGROUP", r.Cgroup)
 	add("GPUFENCE_REASON", r.Reason)
 	add("GPUFENCE_ERROR", r.Error)

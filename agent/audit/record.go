@@ -7,6 +7,7 @@ package audit
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -185,14 +186,37 @@ type Record struct {
 	Suppressed uint64   `json:"suppressed,omitempty"`
 	CgroupID   uint64   `json:"cgroup_id,omitempty"`
 	// GPUs is omitted when nil; an empty non-nil list means "no GPU".
-	GPUs   []int  `json:"gpus,omitzero"`
-	Cgroup string `json:"cgroup,omitempty"`
-	Reason string `json:"reason,omitempty"`
-	Error  string `json:"error,omitempty"`
-	Loss   *Loss  `json:"loss,omitempty"`
+	GPUs []int `json:"gpus,omitzero"`
+	// Shares are the shared GRES (gres/shard, gres/mps) the record's job
+	// holds on the node, as slurmctld allocated them; omitted for a job
+	// that holds none or while slurmctld has not said (agent/shares).
+	Shares []Share `json:"shares,omitempty"`
+	Cgroup string  `json:"cgroup,omitempty"`
+	Reason string  `json:"reason,omitempty"`
+	Error  string  `json:"error,omitempty"`
+	Loss   *Loss   `json:"loss,omitempty"`
 	// IdleSeconds and IdleThreshold (percent utilization): gpu_idle only.
 	IdleSeconds   uint64 `json:"idle_seconds,omitempty"`
 	IdleThreshold uint32 `json:"idle_threshold,omitempty"`
+}
+
+// Share is one shared GRES a job holds on a GPU.
+type Share struct {
+	// Kind is "shard" or "mps".
+	Kind string `json:"kind"`
+	// GPU is the GPU's index on the node.
+	GPU int `json:"gpu"`
+	// Count is how many shards (mps: percent of the GPU) the job holds
+	// there; omitted where slurmctld names only a job's total (22.05, a
+	// share over several GPUs).
+	Count uint64 `json:"count,omitempty"`
+}
+
+func (s Share) String() string {
+	if s.Count == 0 {
+		return fmt.Sprintf("%s on GPU %d", s.Kind, s.GPU)
+	}
+	return fmt.Sprintf("%s:%d on GPU %d", s.Kind, s.Count, s.GPU)
 }
 
 // Device is the device node an access was about.

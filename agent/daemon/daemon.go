@@ -37,6 +37,7 @@ import (
 	"github.com/gpufence/gpufence/agent/reconcile"
 	"github.com/gpufence/gpufence/agent/recovery"
 	"github.com/gpufence/gpufence/agent/registry"
+	"github.com/gpufence/gpufence/agent/shares"
 	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/agent/store"
@@ -78,9 +79,12 @@ type Daemon struct {
 	h        *handler.Handler
 	rc       *reconcile.Reconciler
 	recovery *recovery.Recovery
-	watch    *cgwatch.Watcher
-	users    *users.Cache
-	adopter  *adopt.Adopter
+	// shares names jobs' shard and mps shares in records; nil on a node
+	// without them.
+	shares  *shares.Book
+	watch   *cgwatch.Watcher
+	users   *users.Cache
+	adopter *adopt.Adopter
 
 	mode *handler.Mode
 
@@ -141,10 +145,13 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			d.log.Warn("cannot read the last agent's audit counts; accesses counted while no agent ran are not reported", "err", err)
 		}
 	}
+	if d.table.HasShares() && cfg.RecoverFromSlurmctld {
+		d.shares = shares.New(jobSource(cfg), d.table, log.With("component", "shares"))
+	}
 	d.ev = events.New(events.Options{Log: log.With("component", "events"), Recorder: rec, Owners: d.reg, Table: d.table,
 		Fabric:    devices.Fabric{NVSwitchMajor: cfg.NVSwitchMajor, NVLinkMajor: cfg.NVLinkMajor},
 		IMEXMajor: cfg.IMEXChannelsMajor,
-		Users:     d.users, AuditOnly: d.mode.AuditOnly, QueueSize: cfg.Audit.QueueSize, Resume: resume})
+		Users:     d.users, AuditOnly: d.mode.AuditOnly, QueueSize: cfg.Audit.QueueSize, Resume: resume, Shares: d.shares.Of})
 	if cfg.RecoverFromSlurmctld {
 		d.recovery = &recovery.Recovery{Source: jobSource(cfg), Table: d.table, Node: cfg.NodeName}
 	}
@@ -233,6 +240,9 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	d.persistStop, d.persistDone = cancel, make(chan struct{})
 	w := &persist.Writer{Path: cfg.StateFile, Snapshot: d.snapshot, Changed: d.reg.Changed(), Log: d.log}
 	go func() { defer close(d.persistDone); w.Run(ctx) }()
+	if d.shares != nil {
+		d.watchShares(ctx)
+	}
 	return d, nil
 }
 
@@ -335,7 +345,27 @@ func (d *Daemon) restore() {
 }
 
 func (d *Daemon) snapshot() statefile.File {
-	return statefile.File{Scope: d.enf.Scope(), Jobs: d.reg.State(), GPUTable: d.tableState()}
+	jobs := d.reg.State()
+	for i := range jobs {
+		jobs[i].Shares = d.shares.Of(jobs[i].ID)
+	}
+	return statefile.File{Scope: d.enf.Scope(), Jobs: jobs, GPUTable: d.tableState()}
+}
+
+// watchShares asks slurmctld about each recorded job with GPUs, once, off
+// every request's path (agent/shares), until ctx ends.
+func (d *Daemon) watchShares(ctx context.Context) {
+	d.shares.Changed = d.reg.Touch
+	go d.shares.Run(ctx)
+	d.reg.AddWatcher(func(jobs []registry.Job) {
+		ids := make([]uint32, 0, len(jobs))
+		for _, j := range jobs {
+			if len(j.GPUs) > 0 && !j.NoProlog {
+				ids = append(ids, j.ID)
+			}
+		}
+		d.shares.Jobs(ids)
+	})
 }
 
 // tableState is the GPU table as gpufence status shows it.

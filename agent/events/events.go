@@ -89,6 +89,9 @@ type Options struct {
 	Users     *users.Cache
 	// AuditOnly tells the policy mode records carry.
 	AuditOnly func() bool
+	// Shares, when set, names the shard and mps shares a job holds
+	// (agent/shares); it must not block.
+	Shares func(job uint32) []audit.Share
 	// QueueSize bounds the events between reader and attribution.
 	QueueSize int
 	// Proc is where /proc is ("/proc"; tests use others).
@@ -295,6 +298,9 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 		who = "Slurm's " + o.Exempt + " cgroup"
 	case known:
 		r.JobID, r.StepID = o.JobID, policy.StepName(o.StepID)
+		if e.o.Shares != nil {
+			r.Shares = e.o.Shares(o.JobID)
+		}
 		who = fmt.Sprintf("job %d step %s", o.JobID, r.StepID)
 	}
 	what := fmt.Sprintf("device %d:%d", ev.Major, ev.Minor)

@@ -37,6 +37,9 @@ type Table struct {
 	byMinor map[uint32][]int
 	byCaps  map[uint32][]int
 
+	// shares places shard and mps devices on GPUs (the chosen source's).
+	shares slurm.Shares
+
 	origin Origin
 	// sources is why Slurm's sources make the table unusable now ("" when
 	// they agree): set from origin at start, again at each Recheck.
@@ -213,6 +216,10 @@ func Build(in Input, nvidiaMajor, capsMajor uint32) (*Table, error) {
 	}
 	t := &Table{NvidiaMajor: nvidiaMajor, CapsMajor: capsMajor, gpus: map[int]devices.GPU{},
 		devs: map[int]policy.Devices{}, byMinor: map[uint32][]int{}, byCaps: map[uint32][]int{}, origin: o}
+	t.shares = in.Gres.Shares
+	if o.Source == SourceSlurmd {
+		t.shares = in.Slurmd.Shares
+	}
 	t.sources.Store(&o.Untrusted)
 	if len(gpus) == 0 {
 		return t, nil
@@ -289,6 +296,23 @@ func (t *Table) GPUs() []devices.GPU {
 	}
 	slices.SortFunc(out, func(a, b devices.GPU) int { return cmp.Compare(a.Index, b.Index) })
 	return out
+}
+
+// HasShares reports whether the node has gres/shard or gres/mps.
+func (t *Table) HasShares() bool { return len(t.shares) > 0 }
+
+// ShareGPU returns the GPU index that device dev of shared GRES kind
+// ("shard", "mps"), as slurmctld numbers it, is on; false when the table
+// places no such device on a GPU of its own.
+func (t *Table) ShareGPU(kind string, dev int) (int, bool) {
+	g, ok := t.shares.GPU(kind, dev)
+	if !ok {
+		return 0, false
+	}
+	if _, known := t.gpus[g]; !known {
+		return 0, false
+	}
+	return g, true
 }
 
 // GPU returns index's GPU.

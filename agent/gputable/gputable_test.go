@@ -222,3 +222,46 @@ func TestBuildResolves(t *testing.T) {
 		t.Fatalf("minor 0 is GPU %d, want 1", g.Index)
 	}
 }
+
+// TestShareGPU: shard and mps devices are placed by the chosen source's
+// shares (slurmd's when it is slurmd -G), and never on a GPU the table
+// lacks.
+func TestShareGPU(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mknod needs root")
+	}
+	dir := t.TempDir()
+	var gpus []slurm.GPU
+	for i := range 2 {
+		p := filepath.Join(dir, fmt.Sprintf("nvidia%d", i))
+		if err := unix.Mknod(p, unix.S_IFCHR|0o600, int(unix.Mkdev(195, uint32(i)))); err != nil {
+			t.Fatal(err)
+		}
+		gpus = append(gpus, slurm.GPU{Index: i, Path: p, Files: []string{p}})
+	}
+	in := Input{Gres: slurm.GresConf{GPUs: gpus, Shares: slurm.Shares{"shard": {0, 1}}},
+		Slurmd: slurm.SlurmdView{GPUs: gpus, Shares: slurm.Shares{"shard": {1, -1}, "mps": {0, 5}}}}
+	tab, err := Build(in, 195, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		kind string
+		dev  int
+		gpu  int
+		ok   bool
+	}{{"shard", 0, 1, true}, {"shard", 1, 0, false}, {"shard", 2, 0, false}, {"mps", 0, 0, true}, {"mps", 1, 0, false}, {"nic", 0, 0, false}} {
+		g, ok := tab.ShareGPU(c.kind, c.dev)
+		if ok != c.ok || (ok && g != c.gpu) {
+			t.Errorf("%s device %d: GPU %d %v, want %d %v", c.kind, c.dev, g, ok, c.gpu, c.ok)
+		}
+	}
+	in.SlurmdOff = true
+	tab, err = Build(in, 195, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, ok := tab.ShareGPU("shard", 1); !ok || g != 1 {
+		t.Errorf("gres.conf's table: shard device 1 on GPU %d %v, want 1", g, ok)
+	}
+}

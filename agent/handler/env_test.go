@@ -65,6 +65,9 @@ func (t table) Unknown(gpus []int) (int, bool) {
 
 func (t table) Untrusted() string { return t.untrusted }
 
+// ShareGPU: the table has no shard or mps devices.
+func (t table) ShareGPU(string, int) (int, bool) { return 0, false }
+
 func (t table) GPUs() []devices.GPU {
 	var out []devices.GPU
 	for i := range 4 {

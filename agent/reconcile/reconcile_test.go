@@ -51,9 +51,10 @@ func (noTable) Devices(gpus []int) (policy.DeviceSet, error) {
 	}
 	return s, nil
 }
-func (noTable) Unknown([]int) (int, bool) { return 0, false }
-func (noTable) Untrusted() string         { return "" }
-func (noTable) GPUs() []devices.GPU       { return nil }
+func (noTable) Unknown([]int) (int, bool)        { return 0, false }
+func (noTable) Untrusted() string                { return "" }
+func (noTable) GPUs() []devices.GPU              { return nil }
+func (noTable) ShareGPU(string, int) (int, bool) { return 0, false }
 
 // ctld says each job's state; jobs it lacks are unknown.
 type ctld struct {

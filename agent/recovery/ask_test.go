@@ -24,6 +24,8 @@ func (badTable) Unknown(gpus []int) (int, bool) {
 	return 0, false
 }
 
+func (badTable) ShareGPU(string, int) (int, bool) { return 0, false }
+
 // A step's job is recovered only when slurmctld says it runs here, as the
 // step's own uid; a GPU the table lacks makes the record broken (no GPU),
 // never a guess. Each refusal names why.

@@ -11,6 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,9 +26,11 @@ type JobSource interface {
 	Job(ctx context.Context, id uint32) (slurm.ControllerJob, error)
 }
 
-// Table is the node's GPU table, as recovery checks a list against it.
+// Table is the node's GPU table, as recovery checks a list against it
+// and places a job's shard and mps devices on GPUs.
 type Table interface {
 	Unknown(gpus []int) (int, bool)
+	ShareGPU(kind string, dev int) (int, bool)
 }
 
 // Retry is how soon slurmctld is asked again about a job it could not vouch
@@ -131,17 +135,59 @@ func (r *Recovery) ask(id uint32, wantUID *uint32, what string) Outcome {
 		return o
 	}
 	uid := cj.UID
-	j := &registry.Job{ID: id, UID: uid, GPUs: cj.GPUs, Recovered: cj.Source, Created: time.Now()}
-	if g, bad := r.Table.Unknown(cj.GPUs); bad {
-		j.Broken = fmt.Sprintf("job %d holds GPU %d per slurmctld, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", id, g)
+	gpus, broken := r.place(id, cj)
+	j := &registry.Job{ID: id, UID: uid, GPUs: gpus, Recovered: cj.Source, Created: time.Now()}
+	if broken == "" {
+		if g, bad := r.Table.Unknown(gpus); bad {
+			broken = fmt.Sprintf("job %d holds GPU %d per slurmctld, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", id, g)
+		}
+	}
+	if broken != "" {
+		j.Broken = broken
 		j.GPUs = []int{}
 	}
 	o.Job = j
-	o.Message = fmt.Sprintf("job %d had no prolog record; its trusted GPU list [%s] was recovered from slurmctld (%s)", id, formatList(cj.GPUs), cj.Source)
+	o.Message = fmt.Sprintf("job %d had no prolog record; its trusted GPU list [%s] was recovered from slurmctld (%s)", id, formatList(gpus), cj.Source)
 	if wantUID == nil {
-		o.Message = fmt.Sprintf("job %d %s; slurmctld confirmed its GPU list [%s] (%s)", id, what, formatList(cj.GPUs), cj.Source)
+		o.Message = fmt.Sprintf("job %d %s; slurmctld confirmed its GPU list [%s] (%s)", id, what, formatList(gpus), cj.Source)
+	}
+	if len(cj.Shares) > 0 {
+		o.Message += "; " + formatShares(cj.Shares)
 	}
 	return o
+}
+
+// place is the GPUs a job holds per slurmctld: those it holds whole and
+// those its shard and mps shares are on, ascending. A share the table
+// cannot place on a GPU makes the job broken (no GPU), named in why.
+func (r *Recovery) place(id uint32, cj slurm.ControllerJob) (gpus []int, why string) {
+	gpus = append([]int{}, cj.GPUs...)
+	for _, s := range cj.Shares {
+		g, ok := r.Table.ShareGPU(s.Kind, s.Device)
+		if !ok {
+			return []int{}, fmt.Sprintf("job %d holds %s on %s device %d per slurmctld, which this node's GPU table places on no GPU (slurmd -G, gres.conf); refusing to guess which GPU it is", id, shareText(s), s.Kind, s.Device)
+		}
+		if !slices.Contains(gpus, g) {
+			gpus = append(gpus, g)
+		}
+	}
+	slices.Sort(gpus)
+	return gpus, ""
+}
+
+func shareText(s slurm.Share) string {
+	if s.Count == 0 {
+		return s.Kind
+	}
+	return fmt.Sprintf("%s:%d", s.Kind, s.Count)
+}
+
+func formatShares(shares []slurm.Share) string {
+	parts := make([]string, len(shares))
+	for i, s := range shares {
+		parts[i] = fmt.Sprintf("%s on %s device %d", shareText(s), s.Kind, s.Device)
+	}
+	return "shared GRES " + strings.Join(parts, ", ")
 }
 
 // Ended asks whether job id's allocation on this node is over: slurmctld no

@@ -120,6 +120,8 @@ type Registry struct {
 	view     atomic.Pointer[View]
 	changed  chan struct{}
 	observer func([]Job)
+	// watcher is a second observer (AddWatcher), beside SetObserver's.
+	watcher func([]Job)
 }
 
 // Store is where records are written through to, so they outlive the
@@ -155,6 +157,23 @@ func (r *Registry) SetObserver(fn func([]Job)) {
 	r.publishLocked()
 }
 
+// AddWatcher registers fn as SetObserver does, beside the observer.
+func (r *Registry) AddWatcher(fn func([]Job)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.watcher = fn
+	r.publishLocked()
+}
+
+// Touch wakes the persistence writer: something the state file shows
+// besides the records changed.
+func (r *Registry) Touch() {
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
 // View returns the current owners, for attribution; never blocks.
 func (r *Registry) View() *View { return r.view.Load() }
 
@@ -170,8 +189,14 @@ func (r *Registry) publishLocked() {
 	case r.changed <- struct{}{}:
 	default:
 	}
-	if r.observer != nil {
-		r.observer(r.jobsLocked())
+	if r.observer != nil || r.watcher != nil {
+		jobs := r.jobsLocked()
+		if r.observer != nil {
+			r.observer(jobs)
+		}
+		if r.watcher != nil {
+			r.watcher(jobs)
+		}
 	}
 }
 

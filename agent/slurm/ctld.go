@@ -33,9 +33,13 @@ type ControllerJob struct {
 	State string
 	// OnNode is true when the job's allocation includes the node.
 	OnNode bool
-	// GPUs are the GPU indices the job holds on the node, ascending; empty
-	// for a CPU-only job or one not on the node.
+	// GPUs are the GPU indices the job holds whole on the node, ascending;
+	// empty for a CPU-only job or one not on the node.
 	GPUs []int
+	// Shares are the shared GRES (gres/shard, gres/mps) the job holds on
+	// the node, by the shared GRES's own device numbers: Shares (the GPU
+	// table's) says which GPU each is on.
+	Shares []Share
 	// Source names the output the view was read from, for audit records.
 	Source string
 }
@@ -514,7 +518,7 @@ func (doc jobsDoc) job(id uint32, node string) (ControllerJob, error) {
 	case len(j.GresDetail) != len(nodes):
 		return ControllerJob{}, ambiguous("job %d has %d gres_detail entries for %d nodes", id, len(j.GresDetail), len(nodes))
 	}
-	if cj.GPUs, err = gpusOfGres(j.GresDetail[at]); err != nil {
+	if cj.GPUs, cj.Shares, err = gresOfNode(j.GresDetail[at]); err != nil {
 		return ControllerJob{}, fmt.Errorf("job %d: %w", id, err)
 	}
 	return cj, nil
@@ -571,41 +575,145 @@ func jsonResourceNodes(raw json.RawMessage) ([]string, error) {
 	return nodes, nil
 }
 
-// gpusOfGres reads the GPU indices of one node's GRES string, as Slurm
-// prints it per node: "gpu:2(IDX:0-1)", "gpu:a100:1(IDX:3),mps:100(0/100)".
-// Every gpu entry must carry its indices.
-func gpusOfGres(gres string) ([]int, error) {
+// Share is a shared GRES a job holds on one device of it.
+type Share struct {
+	// Kind is "shard" or "mps".
+	Kind string
+	// Device is the shared GRES's device number on the node, as
+	// slurmctld numbers it (Shares places it on a GPU).
+	Device int
+	// Count is how many shards (mps: percent of the GPU) the job holds on
+	// the device; 0 where slurmctld does not say per device (22.05's
+	// "shard:4(IDX:0-1)" names only the total).
+	Count uint64
+}
+
+// gresOfNode reads one node's GRES string as Slurm prints it per node
+// (gres_stepmgr.c, gres_ctld.c: gres_*_job_build_details): the GPU
+// indices held whole, "gpu:2(IDX:0-1)", "gpu:a100:1(IDX:3)", and the
+// shares, "shard:5(IDX:0)" (22.05), "shard:5(5/10,0/10,0/10,0/10)"
+// (23.02 on: allocated/available per device). Every gpu, shard and mps
+// entry must name its devices; one that does not (Slurm's "(CNT:n)",
+// printed when it kept no device bitmap) cannot be placed and is an error
+// naming it. Other GRES (nic, …) are skipped.
+func gresOfNode(gres string) ([]int, []Share, error) {
 	gpus := []int{}
+	var shares []Share
 	for _, item := range splitGres(gres) {
-		name, rest, _ := strings.Cut(item, ":")
+		name, _, _ := strings.Cut(item, ":")
 		name, _, _ = strings.Cut(name, "(")
-		if name != "gpu" {
+		kind, shared := shareKind(name)
+		if name != "gpu" && !shared {
 			continue
 		}
-		_, idx, ok := strings.Cut(rest, "(IDX:")
-		if !ok {
-			return nil, fmt.Errorf("GRES %q names no GPU indices", item)
+		head, inner, ok := strings.Cut(item, "(")
+		inner, tail, closed := strings.Cut(inner, ")")
+		switch {
+		case !ok:
+			return nil, nil, fmt.Errorf("GRES %q names no devices", item)
+		case !closed || tail != "":
+			return nil, nil, fmt.Errorf("GRES %q: unterminated device list", item)
 		}
-		list, tail, ok := strings.Cut(idx, ")")
-		if !ok || tail != "" {
-			return nil, fmt.Errorf("GRES %q: unterminated index list", item)
-		}
-		if list == "N/A" {
-			// A gpu GRES of count 0 on this node.
+		if list, isIDX := strings.CutPrefix(inner, "IDX:"); isIDX {
+			if list == "N/A" {
+				// A GRES of count 0 on this node.
+				continue
+			}
+			g, err := gpulist.ParseIDX(list)
+			if err != nil {
+				return nil, nil, fmt.Errorf("GRES %q: %w", item, err)
+			}
+			if !shared {
+				gpus = append(gpus, g...)
+				continue
+			}
+			total, err := gresCount(head)
+			if err != nil {
+				return nil, nil, fmt.Errorf("GRES %q: %w", item, err)
+			}
+			for _, d := range g {
+				sh := Share{Kind: kind, Device: d}
+				if len(g) == 1 {
+					sh.Count = total
+				}
+				shares = append(shares, sh)
+			}
 			continue
 		}
-		g, err := gpulist.ParseIDX(list)
+		if !shared || strings.HasPrefix(inner, "CNT:") {
+			return nil, nil, fmt.Errorf("GRES %q names no device indices", item)
+		}
+		s, err := perDeviceShares(kind, head, inner)
 		if err != nil {
-			return nil, fmt.Errorf("GRES %q: %w", item, err)
+			return nil, nil, fmt.Errorf("GRES %q: %w", item, err)
 		}
-		gpus = append(gpus, g...)
+		shares = append(shares, s...)
 	}
 	// Several typed entries (gpu:a100, gpu:h100) each list their own.
 	slices.Sort(gpus)
 	if c := slices.Compact(slices.Clone(gpus)); len(c) != len(gpus) {
-		return nil, fmt.Errorf("GRES %q names a GPU index twice", gres)
+		return nil, nil, fmt.Errorf("GRES %q names a GPU index twice", gres)
 	}
-	return gpus, nil
+	seen := map[Share]bool{}
+	for _, s := range shares {
+		k := Share{Kind: s.Kind, Device: s.Device}
+		if seen[k] {
+			return nil, nil, fmt.Errorf("GRES %q names %s device %d twice", gres, s.Kind, s.Device)
+		}
+		seen[k] = true
+	}
+	return gpus, shares, nil
+}
+
+// gresCount is the count of "shard:a100:5": the last field.
+func gresCount(head string) (uint64, error) {
+	i := strings.LastIndexByte(head, ':')
+	if i < 0 {
+		return 0, fmt.Errorf("no count")
+	}
+	n, err := strconv.ParseUint(head[i+1:], 10, 63)
+	if err != nil {
+		return 0, fmt.Errorf("count %q: %v", head[i+1:], err)
+	}
+	return n, nil
+}
+
+// perDeviceShares reads "5/10,0/10,0/10,0/10", one allocated/available
+// pair per device of the shared GRES: the job's shares are on the devices
+// whose allocated count is not 0. The allocated counts must add up to the
+// entry's count and none may exceed its device's: anything else is output
+// not understood, and the job gets no GPU from it.
+func perDeviceShares(kind, head, list string) ([]Share, error) {
+	total, err := gresCount(head)
+	if err != nil {
+		return nil, err
+	}
+	parts := strings.Split(list, ",")
+	if len(parts) > maxGPUs {
+		return nil, fmt.Errorf("%d devices; gpufence names GPUs 0 to %d", len(parts), gpulist.MaxIndex)
+	}
+	var out []Share
+	var sum uint64
+	for d, p := range parts {
+		a, b, ok := strings.Cut(p, "/")
+		used, err1 := strconv.ParseUint(a, 10, 32)
+		avail, err2 := strconv.ParseUint(b, 10, 32)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("%q is not allocated/available", p)
+		}
+		if used > avail {
+			return nil, fmt.Errorf("device %d: %d allocated of %d", d, used, avail)
+		}
+		if used == 0 {
+			continue
+		}
+		sum += used
+		out = append(out, Share{Kind: kind, Device: d, Count: used})
+	}
+	if sum != total {
+		return nil, fmt.Errorf("the devices' allocated counts add up to %d, the entry says %d", sum, total)
+	}
+	return out, nil
 }
 
 // The lines `scontrol show job -d` prints around a job's per-node
@@ -708,7 +816,7 @@ func ParseJobText(out string, id uint32, node string) (ControllerJob, error) {
 			return ControllerJob{}, ambiguous("node %s named outside its allocation block", node)
 		}
 		cj.OnNode = true
-		if cj.GPUs, err = gpusOfGres(m[2]); err != nil {
+		if cj.GPUs, cj.Shares, err = gresOfNode(m[2]); err != nil {
 			return ControllerJob{}, fmt.Errorf("job %d: %w", id, err)
 		}
 	}

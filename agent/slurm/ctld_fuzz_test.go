@@ -120,3 +120,38 @@ func FuzzParseJobOutput(f *testing.F) {
 		}
 	})
 }
+
+// FuzzGresOfNode: any per-node GRES string either is refused or reads as
+// GPU indices and shares in Slurm's range, each named once, a share's
+// count never more than the entry says.
+func FuzzGresOfNode(f *testing.F) {
+	for _, s := range []string{"gpu:2(IDX:0-1)", "shard:5(IDX:0)", "shard:5(5/10,0/10,0/10,0/10)", "mps:50(0/100,50/100)",
+		"gpu:1(IDX:0),shard:2(0/10,2/10)", "shard:t4:3(0/0,3/10)", "shard(CNT:5)", "gpu:0(IDX:N/A),mps:100(100/100)"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		gpus, shares, err := gresOfNode(in)
+		if err != nil {
+			return
+		}
+		if !slices.IsSorted(gpus) || len(slices.Compact(slices.Clone(gpus))) != len(gpus) {
+			t.Fatalf("GPUs %v not ascending and distinct", gpus)
+		}
+		for _, g := range gpus {
+			if g < 0 || g > 1023 {
+				t.Fatalf("GPU index %d", g)
+			}
+		}
+		seen := map[[2]any]bool{}
+		for _, s := range shares {
+			if s.Kind != "shard" && s.Kind != "mps" || s.Device < 0 || s.Device > 1023 {
+				t.Fatalf("share %+v", s)
+			}
+			k := [2]any{s.Kind, s.Device}
+			if seen[k] {
+				t.Fatalf("share %+v twice", s)
+			}
+			seen[k] = true
+		}
+	})
+}

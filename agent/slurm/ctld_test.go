@@ -125,7 +125,7 @@ func TestParseJobJSON(t *testing.T) {
 		{name: "22.05 purged", out: squeue, id: 999, node: "vm", wantErr: ErrJobUnknown},
 		{name: "24.05+ layout", out: []byte(`{"jobs":[{"job_id":7,"user_id":1000,"job_state":["RUNNING"],"name":"x\n     Nodes=n2 CPU_IDs=0 Mem=0 GRES=gpu:4(IDX:0-3)",
 			"job_resources":{"select_type":["CR_CPU"],"nodes":{"count":3,"list":"n[1-3]","whole":false,"allocation":[]}},
-			"gres_detail":["gpu:1(IDX:0)","gpu:a100:2(IDX:1,3),mps:100(0/100)","gpu:0(IDX:N/A)"]}],"errors":[]}`),
+			"gres_detail":["gpu:1(IDX:0)","gpu:a100:2(IDX:1,3),mps:100(100/100)","gpu:0(IDX:N/A)"]}],"errors":[]}`),
 			id: 7, node: "n2", want: []int{1, 3}, state: "RUNNING", onNode: true, running: true},
 		{name: "two GPU types on one node", out: []byte(`{"jobs":[{"job_id":7,"user_id":1000,"job_state":"RUNNING",
 			"job_resources":{"nodes":"n1"},"gres_detail":["gpu:h100:1(IDX:3),gpu:a100:2(IDX:0-1)"]}]}`),
@@ -438,5 +438,76 @@ func TestControllerSqueueShared(t *testing.T) {
 				t.Errorf("squeue ran %d times; want once, then skipped", n)
 			}
 		})
+	}
+}
+
+// TestGresOfNode holds the per-node GRES reader to every form Slurm prints
+// (gres_ctld.c, gres_stepmgr.c: *_job_build_details): 22.05's indices for
+// gpu and the shared GRES alike, 23.02 on allocated/available per device
+// for shard and mps (recorded on 22.05.8 and 25.11.7 by TestPrivilegedSharedGPUs).
+func TestGresOfNode(t *testing.T) {
+	for _, tt := range []struct {
+		in     string
+		gpus   []int
+		shares []Share
+		err    string
+	}{
+		{in: "gpu:2(IDX:0-1)", gpus: []int{0, 1}},
+		{in: "gpu:a100:1(IDX:3),mps:100(0/100,0/100,0/100,100/100)", gpus: []int{3}, shares: []Share{{"mps", 3, 100}}},
+		{in: "shard:5(IDX:0)", gpus: []int{}, shares: []Share{{"shard", 0, 5}}},
+		{in: "shard:4(IDX:1-2)", gpus: []int{}, shares: []Share{{"shard", 1, 0}, {"shard", 2, 0}}},
+		{in: "mps:50(IDX:2)", gpus: []int{}, shares: []Share{{"mps", 2, 50}}},
+		{in: "shard:5(5/10,0/10,0/10,0/10)", gpus: []int{}, shares: []Share{{"shard", 0, 5}}},
+		{in: "shard:12(0/10,0/10,10/10,2/10)", gpus: []int{}, shares: []Share{{"shard", 2, 10}, {"shard", 3, 2}}},
+		{in: "shard:t4:3(0/0,3/10)", gpus: []int{}, shares: []Share{{"shard", 1, 3}}},
+		{in: "mps:50(0/100,50/100,0/100,0/100)", gpus: []int{}, shares: []Share{{"mps", 1, 50}}},
+		{in: "gpu:1(IDX:0),shard:2(0/10,2/10)", gpus: []int{0}, shares: []Share{{"shard", 1, 2}}},
+		{in: "gpu:0(IDX:N/A),shard:1(0/10,1/10)", gpus: []int{}, shares: []Share{{"shard", 1, 1}}},
+		{in: "shard:0(IDX:N/A)", gpus: []int{}},
+		{in: "nic:1(IDX:0),gpu:1(IDX:2)", gpus: []int{2}},
+		// Shares Slurm cannot place are refused, naming the entry.
+		{in: "shard(CNT:5)", err: `GRES "shard(CNT:5)" names no device indices`},
+		{in: "mps:50", err: `GRES "mps:50" names no devices`},
+		{in: "shard:5(5/10", err: "unterminated"},
+		{in: "shard:5(3/10,3/10)", err: "add up to 6, the entry says 5"},
+		{in: "shard:11(11/10)", err: "11 allocated of 10"},
+		{in: "shard:2(2/10,x/10)", err: `"x/10" is not allocated/available`},
+		{in: "shard:2(2,0)", err: `"2" is not allocated/available`},
+		{in: "shard:x(IDX:0)", err: `count "x"`},
+		{in: "shard:1(IDX:0),shard:1(1/10)", err: "shard device 0 twice"},
+		{in: "gpu:1(IDX:0),gpu:1(IDX:0)", err: "GPU index twice"},
+	} {
+		gpus, shares, err := gresOfNode(tt.in)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%q: %v %v, %v; want an error with %q", tt.in, gpus, shares, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(gpus, tt.gpus) || !slices.Equal(shares, tt.shares) {
+			t.Errorf("%q: %v %v, %v; want %v %v", tt.in, gpus, shares, err, tt.gpus, tt.shares)
+		}
+	}
+}
+
+// TestParseJobShares: a shard job's record names no GPU, only its share;
+// the reader returns the share (the GPU table places it), never nothing.
+func TestParseJobShares(t *testing.T) {
+	for _, tt := range []struct {
+		name, out string
+		want      []Share
+	}{
+		{"22.05 squeue", `{"jobs":[{"job_id":9,"user_id":1000,"job_state":"RUNNING","job_resources":{"nodes":"n1"},"gres_detail":["shard:5(IDX:2)"]}]}`, []Share{{"shard", 2, 5}}},
+		{"25.11 scontrol", `{"jobs":[{"job_id":9,"user_id":1000,"job_state":["RUNNING"],"job_resources":{"nodes":{"list":"n1"}},"gres_detail":["mps:50(0/100,50/100,0/100,0/100)"]}],"errors":[]}`, []Share{{"mps", 1, 50}}},
+	} {
+		j, err := ParseJobJSON([]byte(tt.out), 9, "n1")
+		if err != nil || len(j.GPUs) != 0 || !slices.Equal(j.Shares, tt.want) || !j.Running() {
+			t.Errorf("%s: %+v, %v; want shares %v", tt.name, j, err, tt.want)
+		}
+	}
+	text := "JobId=9 JobName=x\n   UserId=u(1000) GroupId=u(1000)\n   JobState=RUNNING Reason=None\n   JOB_GRES=shard:5\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:5(IDX:3)\n   MinCPUsNode=1\n"
+	j, err := ParseJobText(text, 9, "n1")
+	if err != nil || !slices.Equal(j.Shares, []Share{{"shard", 3, 5}}) {
+		t.Errorf("text: %+v, %v", j, err)
 	}
 }

@@ -53,6 +53,11 @@ type GresConf struct {
 	// none, or "off"): then slurmd adds the GPUs it finds, and orders them
 	// by what the driver reports, which the file does not say.
 	AutoDetect string
+	// Shares places the devices of the shared GRES gres.conf gives the
+	// node on its GPUs: slurmd makes one shard (mps) device per GPU, in
+	// the GPUs' order, whatever files the shared lines name (gres_c_s.c's
+	// _merge_lists, 22.05 to 26.05), so device k is GPU k.
+	Shares Shares
 }
 
 // ReadGresGPUs returns the GPU table of node from gres.conf at path (see
@@ -86,6 +91,7 @@ func readGres(fsys fileSystem, path, node string) (GresConf, error) {
 		return conf, fmt.Errorf("read gres.conf: %w", err)
 	}
 	var gpus []GPU
+	kinds := map[string]bool{}
 	for _, l := range lines {
 		if names, ok := l.Get("NodeName"); ok {
 			match, err := hostMatches(names, node)
@@ -103,6 +109,10 @@ func readGres(fsys fileSystem, path, node string) (GresConf, error) {
 			}
 		}
 		name, _ := l.Get("Name")
+		if kind, ok := shareKind(name); ok {
+			kinds[kind] = true
+			continue
+		}
 		if !strings.EqualFold(name, "gpu") {
 			continue
 		}
@@ -149,6 +159,17 @@ func readGres(fsys fileSystem, path, node string) (GresConf, error) {
 	}
 	if conf.GPUs, err = numberGPUs(gpus); err != nil {
 		return GresConf{AutoDetect: conf.AutoDetect}, err
+	}
+	for _, k := range ShareKinds {
+		if !kinds[k] {
+			continue
+		}
+		if conf.Shares == nil {
+			conf.Shares = Shares{}
+		}
+		for _, g := range conf.GPUs {
+			conf.Shares[k] = append(conf.Shares[k], g.Index)
+		}
 	}
 	return conf, nil
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,6 +52,8 @@ const maxSlurmdOutput = 4 << 20
 type SlurmdView struct {
 	// GPUs are the node's GPUs in Slurm's index order (empty: none).
 	GPUs []GPU
+	// Shares places the devices of the node's shared GRES on its GPUs.
+	Shares Shares
 	// Command is what was run, for messages.
 	Command string
 	// Took is how long it ran.
@@ -108,11 +111,11 @@ func (s *Slurmd) GPUs(ctx context.Context) (SlurmdView, error) {
 	if err != nil {
 		return v, fmt.Errorf("%s: %v: %s", v.Command, err, slurmdFailure(out.Bytes()))
 	}
-	gpus, err := ParseSlurmdG(out.Bytes())
+	gpus, shares, err := ParseSlurmdTable(out.Bytes())
 	if err != nil {
 		return v, fmt.Errorf("%s: %w", v.Command, err)
 	}
-	v.GPUs = gpus
+	v.GPUs, v.Shares = gpus, shares
 	return v, nil
 }
 
@@ -166,7 +169,45 @@ const maxSlurmdLine = 1 << 20
 // nic) are skipped; other lines (warnings) ignored. Output with no gpu
 // record is an empty table.
 func ParseSlurmdG(out []byte) ([]GPU, error) {
+	gpus, _, err := ParseSlurmdTable(out)
+	return gpus, err
+}
+
+// Shares places the devices of a node's shared GRES on its GPUs:
+// Shares["shard"][k] is the GPU index of the k-th gres/shard device as
+// slurmctld numbers them in a job's gres_detail, -1 where that device is
+// no GPU of the table. Kinds are "shard" and "mps".
+type Shares map[string][]int
+
+// ShareKinds are the shared GRES Slurm offers on a GPU.
+var ShareKinds = []string{"shard", "mps"}
+
+func shareKind(name string) (string, bool) {
+	for _, k := range ShareKinds {
+		if strings.EqualFold(name, k) {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// GPU returns the GPU index of kind's device dev.
+func (s Shares) GPU(kind string, dev int) (int, bool) {
+	devs := s[kind]
+	if dev < 0 || dev >= len(devs) || devs[dev] < 0 {
+		return 0, false
+	}
+	return devs[dev], true
+}
+
+// ParseSlurmdTable is ParseSlurmdG that also places the shared GRES: slurmd
+// prints one shard (mps) record per GPU, Count=0 where gres.conf gives that
+// GPU none, each with its GPU's File= (gres_c_s.c's _merge_lists, 22.05 to
+// 26.05); slurmctld numbers a shared GRES's devices in the order of those
+// records. Each is placed on the GPU whose device files are its File=.
+func ParseSlurmdTable(out []byte) ([]GPU, Shares, error) {
 	var gpus []GPU
+	var shared []sharedRec
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 4096), maxSlurmdLine)
 	no := 0
@@ -176,14 +217,29 @@ func ParseSlurmdG(out []byte) ([]GPU, error) {
 		rest, ok := strings.CutPrefix(msg, "Gres ")
 		if !ok || !strings.HasPrefix(rest, "Name=") {
 			if strings.HasPrefix(msg, "fatal: ") {
-				return nil, fmt.Errorf("line %d: slurmd failed: %s", no, msg)
+				return nil, nil, fmt.Errorf("line %d: slurmd failed: %s", no, msg)
 			}
 			continue
 		}
 		src := fmt.Sprintf("slurmd -G line %d", no)
 		rec, err := parseGresRecord(rest)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", src, err)
+			return nil, nil, fmt.Errorf("%s: %w", src, err)
+		}
+		if kind, ok := shareKind(rec["Name"]); ok {
+			file := rec["File"]
+			if file == "" || file == "(null)" {
+				return nil, nil, fmt.Errorf("%s: %s record without File= (slurmd gives every one its GPU's file; this output is not understood)", src, kind)
+			}
+			files, err := ExpandHostlist(file)
+			if err != nil || len(files) == 0 {
+				return nil, nil, fmt.Errorf("%s: %s File=%q names no device file", src, kind, file)
+			}
+			if len(shared) >= maxGPUs*len(ShareKinds) {
+				return nil, nil, fmt.Errorf("%s: more shared GRES records than GPUs gpufence can name", src)
+			}
+			shared = append(shared, sharedRec{kind: kind, files: files})
+			continue
 		}
 		if !strings.EqualFold(rec["Name"], "gpu") {
 			continue
@@ -194,29 +250,29 @@ func ParseSlurmdG(out []byte) ([]GPU, error) {
 		}
 		file, ok := rec["File"]
 		if !ok || file == "" || file == "(null)" {
-			return nil, fmt.Errorf("%s: gpu record without File= (slurmd removes those; this output is not understood)", src)
+			return nil, nil, fmt.Errorf("%s: gpu record without File= (slurmd removes those; this output is not understood)", src)
 		}
 		count, err := strconv.ParseUint(rec["Count"], 10, 31)
 		if err != nil || count == 0 {
-			return nil, fmt.Errorf("%s: Count=%q is not a positive number", src, rec["Count"])
+			return nil, nil, fmt.Errorf("%s: Count=%q is not a positive number", src, rec["Count"])
 		}
 		files, err := ExpandHostlist(file)
 		if err != nil {
-			return nil, fmt.Errorf("%s: File: %w", src, err)
+			return nil, nil, fmt.Errorf("%s: File: %w", src, err)
 		}
 		if len(files) == 0 {
-			return nil, fmt.Errorf("%s: File=%q names no device file", src, file)
+			return nil, nil, fmt.Errorf("%s: File=%q names no device file", src, file)
 		}
 		for _, f := range files {
 			if !filepath.IsAbs(f) {
-				return nil, fmt.Errorf("%s: device file %q is not an absolute path", src, f)
+				return nil, nil, fmt.Errorf("%s: device file %q is not an absolute path", src, f)
 			}
 		}
 		if uint64(len(files)) != count && count != 1 {
-			return nil, fmt.Errorf("%s: Count=%d with %d device files: neither one GPU per file nor one MIG slice", src, count, len(files))
+			return nil, nil, fmt.Errorf("%s: Count=%d with %d device files: neither one GPU per file nor one MIG slice", src, count, len(files))
 		}
 		if len(gpus)+int(count) > maxGPUs {
-			return nil, fmt.Errorf("%s: more than %d GPUs; gpufence names GPUs 0 to %d", src, maxGPUs, gpulist.MaxIndex)
+			return nil, nil, fmt.Errorf("%s: more than %d GPUs; gpufence names GPUs 0 to %d", src, maxGPUs, gpulist.MaxIndex)
 		}
 		switch {
 		case uint64(len(files)) == count:
@@ -224,18 +280,50 @@ func ParseSlurmdG(out []byte) ([]GPU, error) {
 				gpus = append(gpus, GPU{Path: f, Type: typ, Files: []string{f}, Source: src})
 			}
 		case len(files) > maxMIGFiles:
-			return nil, fmt.Errorf("%s: one GPU with %d files; a MIG slice has its GPU and a few nvidia-caps files, at most %d", src, len(files), maxMIGFiles)
+			return nil, nil, fmt.Errorf("%s: one GPU with %d files; a MIG slice has its GPU and a few nvidia-caps files, at most %d", src, len(files), maxMIGFiles)
 		default:
 			gpus = append(gpus, GPU{Path: files[0], Type: typ, Files: files, MIG: true, Source: src})
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read slurmd -G output: %w", err)
+		return nil, nil, fmt.Errorf("read slurmd -G output: %w", err)
 	}
 	if len(gpus) == 0 {
-		return []GPU{}, nil
+		return []GPU{}, placeShares(nil, shared), nil
 	}
-	return numberGPUs(gpus)
+	gpus, err := numberGPUs(gpus)
+	if err != nil {
+		return nil, nil, err
+	}
+	return gpus, placeShares(gpus, shared), nil
+}
+
+// sharedRec is one shard or mps record of slurmd -G.
+type sharedRec struct {
+	kind  string
+	files []string
+}
+
+// placeShares puts each kind's devices, in slurmd's order, on the GPU
+// whose files they name; -1 where none does (Slurm discards a shared
+// record without a GPU of its file, so this is output not understood, and
+// a job on that device gets no GPU).
+func placeShares(gpus []GPU, recs []sharedRec) Shares {
+	if len(recs) == 0 {
+		return nil
+	}
+	out := Shares{}
+	for _, r := range recs {
+		at := -1
+		for _, g := range gpus {
+			if slices.Equal(g.Files, r.files) {
+				at = g.Index
+				break
+			}
+		}
+		out[r.kind] = append(out[r.kind], at)
+	}
+	return out
 }
 
 // gresKeys are the fields slurmd prints for a record.

@@ -44,8 +44,10 @@ func layoutWant(layout string) ([]gpuFiles, bool) {
 		return out
 	}
 	switch layout {
-	case "plain", "mps", "autodetect":
+	case "plain", "mps", "autodetect", "shard", "shard-partial", "mps-partial":
 		return gpu("", 0, 1, 2, 3), true
+	case "shard-multitype":
+		return append(gpu("t4", 2, 3), gpu("a100", 0, 1)...), true
 	case "multitype":
 		return append(gpu("t4", 2, 3), gpu("a100", 0, 1)...), true
 	case "nodename":
@@ -434,5 +436,117 @@ func TestPrivilegedSlurmdGTimeout(t *testing.T) {
 	os.Chmod(d, 0o777)
 	if _, err := s.GPUs(context.Background()); err == nil || !strings.Contains(err.Error(), "writable by group or others") {
 		t.Errorf("slurmd in a folder anyone may write: %v", err)
+	}
+}
+
+// sharesWant places each recorded layout's shared GRES devices, written
+// from the layout (README.md): slurmd makes one shared device per GPU, in
+// the GPUs' order, Count=0 where gres.conf gives that GPU none.
+var sharesWant = map[string]Shares{
+	"mps":             {"mps": {0, 1, 2, 3}},
+	"shard":           {"shard": {0, 1, 2, 3}},
+	"shard-partial":   {"shard": {0, 1, 2, 3}},
+	"mps-partial":     {"mps": {0, 1, 2, 3}},
+	"shard-multitype": {"shard": {0, 1, 2, 3}},
+}
+
+// TestParseSlurmdShares: every recorded output places each shard and mps
+// device on the GPU of its File=, and no other layout has shares.
+func TestParseSlurmdShares(t *testing.T) {
+	outs, _ := filepath.Glob(filepath.Join(recorded, "*", "*.stderr"))
+	n := 0
+	for _, p := range outs {
+		layout := strings.TrimSuffix(filepath.Base(p), ".stderr")
+		if layout == "missing" {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpus, shares, err := ParseSlurmdTable(b)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		want := sharesWant[layout]
+		if len(shares) != len(want) {
+			t.Errorf("%s: shares %v, want %v", p, shares, want)
+			continue
+		}
+		for k, w := range want {
+			if !slices.Equal(shares[k], w) {
+				t.Errorf("%s: %s devices on GPUs %v, want %v", p, k, shares[k], w)
+			}
+			// The placement is by file: device k is on the GPU of its file.
+			for d, g := range shares[k] {
+				if _, ok := shares.GPU(k, d); !ok || gpus[g].Index != g {
+					t.Errorf("%s: %s device %d not placed", p, k, d)
+				}
+			}
+			n++
+		}
+	}
+	if n < 10 {
+		t.Errorf("%d recorded outputs with shares, want every release's mps layout and the 22.05 and 25.11 shard layouts", n)
+	}
+	// In shard-multitype, GPU 0 is nvidia2 (t4): its shard device is 0 and
+	// has Count=0; nvidia0 (a100, GPU 2) has shards: device 2.
+	b, _ := os.ReadFile(filepath.Join(recorded, "25.11", "shard-multitype.stderr"))
+	gpus, shares, err := ParseSlurmdTable(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, ok := shares.GPU("shard", 2); !ok || !strings.HasSuffix(gpus[g].Path, "/nvidia0") {
+		t.Errorf("shard device 2 on GPU %d (%v), want nvidia0's", g, ok)
+	}
+}
+
+func TestParseSlurmdSharesUnplaced(t *testing.T) {
+	out := "slurmd: Gres Name=shard Type=(null) Count=10 Index=0 ID=1 File=/dev/nvidia7 (null)\n" +
+		"slurmd: Gres Name=gpu Type=(null) Count=1 Index=0 ID=2 File=/dev/nvidia0 (null)\n" +
+		"slurmd: Gres Name=shard Type=(null) Count=10 Index=0 ID=1 File=/dev/nvidia0 (null)\n"
+	gpus, shares, err := ParseSlurmdTable([]byte(out))
+	if err != nil || len(gpus) != 1 {
+		t.Fatalf("%v %v %v", gpus, shares, err)
+	}
+	if _, ok := shares.GPU("shard", 0); ok {
+		t.Errorf("shard device 0 (nvidia7, no GPU) placed: %v", shares)
+	}
+	if g, ok := shares.GPU("shard", 1); !ok || g != 0 {
+		t.Errorf("shard device 1 on %d %v, want GPU 0", g, ok)
+	}
+	for _, bad := range []struct {
+		k string
+		d int
+	}{{"shard", 2}, {"shard", -1}, {"mps", 0}} {
+		if _, ok := shares.GPU(bad.k, bad.d); ok {
+			t.Errorf("%s device %d placed", bad.k, bad.d)
+		}
+	}
+	if _, _, err := ParseSlurmdTable([]byte("slurmd: Gres Name=mps Type=(null) Count=100 Index=0 ID=1 File=(null) (null)\n")); err == nil || !strings.Contains(err.Error(), "mps record without File=") {
+		t.Errorf("mps without File=: %v", err)
+	}
+}
+
+// TestReadGresShares: from gres.conf alone, shared device k is GPU k
+// (slurmd makes them so), for each shared GRES the node's lines name.
+func TestReadGresShares(t *testing.T) {
+	for layout, want := range sharesWant {
+		conf, err := ReadGres(filepath.Join(recorded, "layouts", layout, "gres.conf"), "gfnode")
+		if err != nil {
+			t.Fatalf("%s: %v", layout, err)
+		}
+		if len(conf.Shares) != len(want) {
+			t.Errorf("%s: %v, want %v", layout, conf.Shares, want)
+		}
+		for k, w := range want {
+			if !slices.Equal(conf.Shares[k], w) {
+				t.Errorf("%s: %s %v, want %v", layout, k, conf.Shares[k], w)
+			}
+		}
+	}
+	conf, err := ReadGres(filepath.Join(recorded, "layouts", "plain", "gres.conf"), "gfnode")
+	if err != nil || conf.Shares != nil {
+		t.Errorf("plain: %v %v", conf.Shares, err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpufence/gpufence/agent/audit"
 	"os"
 	"path/filepath"
 	"time"
@@ -64,6 +65,9 @@ type Job struct {
 	Dir         string    `json:"dir,omitempty"`
 	Created     time.Time `json:"created"`
 	Steps       []Step    `json:"steps,omitempty"`
+	// Shares are the shard and mps shares slurmctld says the job holds
+	// (agent/shares); informational, never a GPU the job may open.
+	Shares []audit.Share `json:"shares,omitempty"`
 }
 
 // Step is one registered step and the cgroup its kernel entry is keyed by.

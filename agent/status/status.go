@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
 	"github.com/gpufence/gpufence/agent/policy"
@@ -183,10 +184,12 @@ type JobReport struct {
 	Broken   string `json:"broken,omitempty"`
 	// Recovered, Adopted and Unconfirmed: where the list came from when
 	// not the prolog (statefile.Job).
-	Recovered   string       `json:"recovered,omitempty"`
-	Adopted     string       `json:"adopted,omitempty"`
-	Unconfirmed string       `json:"unconfirmed,omitempty"`
-	Steps       []StepReport `json:"steps"`
+	Recovered   string `json:"recovered,omitempty"`
+	Adopted     string `json:"adopted,omitempty"`
+	Unconfirmed string `json:"unconfirmed,omitempty"`
+	// Shares are the job's shard and mps shares per slurmctld.
+	Shares []audit.Share `json:"shares,omitempty"`
+	Steps  []StepReport  `json:"steps"`
 }
 
 // StepReport is one step of a job.
@@ -324,7 +327,7 @@ func Build(in Input) Report {
 		}
 		for _, sj := range st.Jobs {
 			j := JobReport{ID: sj.ID, UID: sj.UID, GPUs: sj.GPUs, NoProlog: sj.NoProlog, Broken: sj.Broken,
-				Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: sj.Unconfirmed, Steps: []StepReport{}}
+				Recovered: sj.Recovered, Adopted: sj.Adopted, Unconfirmed: sj.Unconfirmed, Shares: sj.Shares, Steps: []StepReport{}}
 			if j.GPUs == nil {
 				j.GPUs = []int{}
 			}

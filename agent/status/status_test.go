@@ -277,3 +277,25 @@ func TestStatusSlurmdLink(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusShares: a share job's shares, as the state file holds them,
+// are in the JSON and in its line of the Jobs section.
+func TestStatusShares(t *testing.T) {
+	in := consistentInput(t)
+	in.State = fakeState(t, scopeDir, strings.Replace(job7, `"gpus":[0,1],"steps"`, `"gpus":[0,1],"shares":[{"kind":"shard","gpu":0,"count":5},{"kind":"mps","gpu":1}],"steps"`, 1), job8)
+	r := Build(in)
+	if !r.OK || len(r.Jobs) != 2 || len(r.Jobs[0].Shares) != 2 || r.Jobs[0].Shares[0].Count != 5 || r.Jobs[1].Shares != nil {
+		t.Fatalf("jobs: %+v (problems %q)", r.Jobs, r.Problems)
+	}
+	var out bytes.Buffer
+	Write(&out, r)
+	for _, want := range []string{"share shard:5 on GPU 0; share mps on GPU 1"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	b, _ := json.Marshal(r)
+	if !strings.Contains(string(b), `"shares":[{"kind":"shard","gpu":0,"count":5},{"kind":"mps","gpu":1}]`) {
+		t.Errorf("JSON lacks the shares: %s", b)
+	}
+}

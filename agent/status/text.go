@@ -152,6 +152,9 @@ func Write(w io.Writer, r Report) {
 			if j.Broken != "" {
 				flags = append(flags, "broken: "+j.Broken)
 			}
+			for _, sh := range j.Shares {
+				flags = append(flags, "share "+sh.String())
+			}
 			switch {
 			case j.Unconfirmed != "":
 				flags = append(flags, "UNCONFIRMED ("+j.Unconfirmed+"): "+j.Adopted)

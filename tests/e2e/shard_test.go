@@ -148,8 +148,9 @@ type sharedJob struct {
 // started, checks that all of them run at once, reads their allocation
 // from slurmctld while they do, then lets them probe (batch step, and an
 // srun step unless noStep) while every other job of the round still holds
-// its share. env is sbatch's environment (forged variables).
-func (st *suite) runShared(t *testing.T, name string, env []string, gres []string, noStep bool) []*sharedJob {
+// its share. env is sbatch's environment (forged variables). midway, when
+// set, runs once every job holds its share and before any probes.
+func (st *suite) runShared(t *testing.T, name string, env []string, gres []string, noStep bool, midway func([]*sharedJob)) []*sharedJob {
 	t.Helper()
 	dir := filepath.Join(st.c.Root(), "work", fmt.Sprintf("%s-%d", name, time.Now().UnixNano()))
 	if err := os.MkdirAll(dir, 0o777); err != nil {
@@ -202,6 +203,9 @@ func (st *suite) runShared(t *testing.T, name string, env []string, gres []strin
 			t.Fatalf("job %d started but slurmctld does not list it running", j.ID)
 		}
 		j.Alloc = a
+	}
+	if midway != nil {
+		midway(jobs)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -329,20 +333,20 @@ func TestPrivilegedSharedGPUs(t *testing.T) {
 			half := fmt.Sprintf("%s:%d", kind, per(kind)/2)
 			t.Run("alone", func(t *testing.T) {
 				t0 := time.Now()
-				jobs := st.runShared(t, kind+"-alone", nil, []string{half}, false)
+				jobs := st.runShared(t, kind+"-alone", nil, []string{half}, false, func(jobs []*sharedJob) { st.checkShareStatus(t, kind, jobs[0]) })
 				t.Logf("one %s job (%s):\n%s", half, time.Since(t0).Round(time.Millisecond), st.checkShared(t, jobs))
 				if n := len(jobs[0].Alloc.GPUs()); n != 1 {
 					t.Errorf("a %s job fits one GPU, slurmctld gave %d: %q", half, n, jobs[0].Alloc.Detail)
 				}
 				st.checkPrologEnv(t, kind, jobs[0])
-				st.checkShareAudit(t, jobs[0])
+				st.checkShareAudit(t, kind, jobs[0])
 			})
 			t.Run("two on one GPU next to gpu:3", func(t *testing.T) {
 				// gpu:3 takes three whole GPUs, so both share jobs must
 				// go to the fourth: a GPU given whole has no shares left.
 				t0 := time.Now()
 				third := fmt.Sprintf("%s:%d", kind, per(kind)/3)
-				jobs := st.runShared(t, kind+"-pair", nil, []string{"gpu:3", third, third}, false)
+				jobs := st.runShared(t, kind+"-pair", nil, []string{"gpu:3", third, third}, false, nil)
 				t.Logf("gpu:3 and two %s jobs (%s):\n%s", third, time.Since(t0).Round(time.Millisecond), st.checkShared(t, jobs))
 				g, a, b := jobs[0].Alloc.GPUs(), jobs[1].Alloc.GPUs(), jobs[2].Alloc.GPUs()
 				if len(g) != 3 || len(a) != 1 || !slices.Equal(a, b) || slices.Contains(g, a[0]) {
@@ -355,7 +359,7 @@ func TestPrivilegedSharedGPUs(t *testing.T) {
 				// counts.
 				env := []string{"SLURM_JOB_GPUS=0,1,2,3", "SLURM_STEP_GPUS=0,1,2,3", "CUDA_VISIBLE_DEVICES=0,1,2,3",
 					"SLURM_SHARDS_ON_NODE=40", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "SLURM_GPUS_ON_NODE=4"}
-				jobs := st.runShared(t, kind+"-forged", env, []string{half}, false)
+				jobs := st.runShared(t, kind+"-forged", env, []string{half}, false, nil)
 				t.Logf("one %s job with forged variables:\n%s", half, st.checkShared(t, jobs))
 			})
 			t.Run("gpu and share in one job", func(t *testing.T) {
@@ -369,8 +373,43 @@ func TestPrivilegedSharedGPUs(t *testing.T) {
 					return
 				}
 				st.c.Run(st.ctx, "", "scancel", strings.TrimSpace(r.Stdout))
-				jobs := st.runShared(t, kind+"-mixed", nil, []string{mixed}, false)
+				jobs := st.runShared(t, kind+"-mixed", nil, []string{mixed}, false, nil)
 				t.Logf("Slurm %s takes --gres=%s:\n%s", st.c.SlurmVersion(), mixed, st.checkShared(t, jobs))
+			})
+			t.Run("adopted after the agent lost its state", func(t *testing.T) {
+				// The agent is killed and its records lost while the jobs
+				// hold their shares: it adopts them from slurmctld, whose
+				// gres_detail names the shares by the shared GRES's own
+				// devices, and must place each on its GPU.
+				// gpu:1 takes a GPU whole, so the shares are on others: their
+				// device numbers are not 0. mps is two halves of one GPU:
+				// 22.05 left an mps:50 pending (Resources) beside a gpu:1
+				// and an mps:100, with two GPUs' mps free.
+				reqs := []string{"gpu:1", fmt.Sprintf("%s:%d", kind, per(kind)), half}
+				if kind == "mps" {
+					reqs = []string{"gpu:1", half, half}
+				}
+				jobs := st.runShared(t, kind+"-adopt", nil, reqs, false, func(jobs []*sharedJob) {
+					st.killAgentLoseState(t, agentOpts{})
+					for _, j := range jobs {
+						want := j.Alloc.GPUs()
+						var got audit.Record
+						st.waitRecords(t, j.ID, func(rs []audit.Record) bool {
+							for _, r := range rs {
+								if r.Event == audit.EventJobAdopted {
+									got = r
+									return true
+								}
+							}
+							return false
+						})
+						t.Logf("job %d (%s) adopted: %s, GPUs %v: %s", j.ID, j.Gres, got.Severity, got.GPUs, got.Message)
+						if got.Severity != audit.SeverityInfo || !slices.Equal(got.GPUs, want) {
+							t.Errorf("job %d (%s): adopted with GPUs %v (%s), slurmctld allocated %v", j.ID, j.Gres, got.GPUs, got.Severity, want)
+						}
+					}
+				})
+				t.Logf("%s, adopted by an agent that lost its state:\n%s", strings.Join(reqs, ", "), st.checkShared(t, jobs))
 			})
 			if kind != "shard" {
 				return
@@ -384,7 +423,7 @@ func TestPrivilegedSharedGPUs(t *testing.T) {
 				pid := st.agent.PID
 				rss0, fd0 := agentUsage(t, pid)
 				t0 := time.Now()
-				jobs := st.runShared(t, "shard-load", nil, reqs, true)
+				jobs := st.runShared(t, "shard-load", nil, reqs, true, nil)
 				took := time.Since(t0)
 				onGPU := map[int]int{}
 				for _, j := range jobs {
@@ -451,7 +490,7 @@ func (st *suite) checkPrologEnv(t *testing.T, kind string, j *sharedJob) {
 
 // checkShareAudit: the denials of a share job are audited against its own
 // job with the GPUs it was denied, and none for the GPU it holds.
-func (st *suite) checkShareAudit(t *testing.T, j *sharedJob) {
+func (st *suite) checkShareAudit(t *testing.T, kind string, j *sharedJob) {
 	t.Helper()
 	want := len(st.c.DevPaths()) - len(j.Alloc.GPUs())
 	recs := st.waitRecords(t, j.ID, func(r []audit.Record) bool { return len(access(r, "denied")) >= want })
@@ -468,11 +507,59 @@ func (st *suite) checkShareAudit(t *testing.T, j *sharedJob) {
 		if slices.Contains(j.Alloc.GPUs(), r.GPU.Index) {
 			t.Errorf("job %d: its own GPU %d denied: %s", j.ID, r.GPU.Index, r.Message)
 		}
+		if got := shareGPUs(r.Shares, kind); !slices.Equal(got, j.Alloc.Shared) || len(r.Shares) != len(got) {
+			t.Errorf("job %d: denied record's shares %v, want %s on %v (slurmctld's gres_detail %q)", j.ID, r.Shares, kind, j.Alloc.Shared, j.Alloc.Detail)
+		}
 		gpus = append(gpus, r.GPU.Index)
 	}
 	slices.Sort(gpus)
 	t.Logf("job %d denied GPUs %v", j.ID, slices.Compact(gpus))
-	t.Logf("job %d (%s): %d denied records, e.g. %s", j.ID, j.Gres, len(denied), denied[0].Message)
+	t.Logf("job %d (%s): %d denied records, e.g. %s; shares %+v", j.ID, j.Gres, len(denied), denied[0].Message, denied[0].Shares)
+}
+
+// shareGPUs lists the GPUs of shares of kind, ascending.
+func shareGPUs(shares []audit.Share, kind string) []int {
+	g := []int{}
+	for _, s := range shares {
+		if s.Kind == kind {
+			g = append(g, s.GPU)
+		}
+	}
+	slices.Sort(g)
+	return g
+}
+
+// checkShareStatus: while the job holds its share, gpufence status lists
+// it with its share, as slurmctld allocated it; the agent learns it off
+// the step's path, so it may take a moment.
+func (st *suite) checkShareStatus(t *testing.T, kind string, j *sharedJob) {
+	t.Helper()
+	var got []audit.Share
+	var out string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		out, _ = st.status(t)
+		var rep struct {
+			Jobs []struct {
+				ID     uint32        `json:"id"`
+				Shares []audit.Share `json:"shares"`
+			} `json:"jobs"`
+		}
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("gpufence status --json: %v\n%s", err, out)
+		}
+		for _, r := range rep.Jobs {
+			if r.ID == j.ID {
+				got = r.Shares
+			}
+		}
+		if len(got) > 0 {
+			break
+		}
+	}
+	if g := shareGPUs(got, kind); !slices.Equal(g, j.Alloc.Shared) || len(got) != len(g) {
+		t.Errorf("gpufence status lists job %d with shares %v, want %s on %v (slurmctld's %q)\n%s", j.ID, got, kind, j.Alloc.Shared, j.Alloc.Detail, out)
+	}
+	t.Logf("gpufence status: job %d shares %+v", j.ID, got)
 }
 
 func TestParseShareDetail(t *testing.T) {

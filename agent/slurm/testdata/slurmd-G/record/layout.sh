@@ -50,6 +50,21 @@ nodename)
 mps)
 	gres=gpu:4,mps:400; types=gpu,mps
 	printf 'Name=gpu File=%s/dev/nvidia[0-3]\nName=mps Count=400 File=%s/dev/nvidia[0-3]\n' "$D" "$D" > "$D/etc/gres.conf" ;;
+shard)
+	gres=gpu:4,shard:40; types=gpu,shard
+	printf 'Name=gpu File=%s/dev/nvidia[0-3]\nName=shard Count=40 File=%s/dev/nvidia[0-3]\n' "$D" "$D" > "$D/etc/gres.conf" ;;
+shard-partial)
+	# Shards on GPUs 2 and 3 only.
+	gres=gpu:4,shard:20; types=gpu,shard
+	printf 'Name=gpu File=%s/dev/nvidia[0-3]\nName=shard Count=10 File=%s/dev/nvidia2\nName=shard Count=10 File=%s/dev/nvidia3\n' "$D" "$D" "$D" > "$D/etc/gres.conf" ;;
+shard-multitype)
+	# Slurm's GPU order is file order (nvidia2, nvidia3, nvidia0, nvidia1); shards on nvidia0 and nvidia3.
+	gres=gpu:t4:2,gpu:a100:2,shard:20; types=gpu,shard
+	printf 'Name=gpu Type=t4 File=%s/dev/nvidia[2-3]\nName=gpu Type=a100 File=%s/dev/nvidia[0-1]\nName=shard Count=10 File=%s/dev/nvidia0\nName=shard Count=10 File=%s/dev/nvidia3\n' "$D" "$D" "$D" "$D" > "$D/etc/gres.conf" ;;
+mps-partial)
+	# mps on GPU 1 only.
+	gres=gpu:4,mps:100; types=gpu,mps
+	printf 'Name=gpu File=%s/dev/nvidia[0-3]\nName=mps Count=100 File=%s/dev/nvidia1\n' "$D" "$D" > "$D/etc/gres.conf" ;;
 nogpu)
 	gres=
 	: > "$D/etc/gres.conf" ;;
