@@ -118,8 +118,12 @@ fuzz: ## run every Fuzz target in the tree for FUZZTIME each (default 10s; FUZZ=
 	echo "$$n fuzz targets passed, $(FUZZTIME) each"
 
 .PHONY: test-all
-test-all: lint build ## every test: unit, privileged and end-to-end (root)
+test-all: lint build test-nonroot ## every test: unit, privileged and end-to-end (root)
 	$(GO) test -count=1 -timeout 45m ./...
+
+.PHONY: test-nonroot
+test-nonroot: ## the request stages' tests as uid 65534, each package >= MIN_COVER (70) % covered (run as root; it drops)
+	./tests/nonroot.sh
 
 .PHONY: vm-test
 vm-test: build ## production-like node in a throw-away VM: systemd, pure cgroup v2, kernel 6.1 (root; minutes; not in CI)
