@@ -12,7 +12,7 @@ import (
 // The C plugin's GF_MAX_GPU_INDEX (spank/plugin/renumber.h) is the same.
 const MaxIndex = 1023
 
-// ParseGPUList parses a GPU index list in the one grammar gpufence accepts
+// Parse parses a GPU index list in the one grammar gpufence accepts
 // (docs/architecture.md, "GPU lists"): exactly what Slurm writes into
 // SLURM_JOB_GPUS and SLURM_STEP_GPUS, decimal indices without sign, blank or
 // leading zero, joined by commas, strictly ascending, each at most
