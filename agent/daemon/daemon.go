@@ -42,7 +42,6 @@ import (
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/agent/store"
 	"github.com/gpufence/gpufence/agent/users"
-	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -386,9 +385,6 @@ func (d *Daemon) tableState() *statefile.GPUTable {
 // Handler answers the plugin's requests; the server calls it directly.
 func (d *Daemon) Handler() *handler.Handler { return d.h }
 
-// Reconcile runs one reconcile pass (agent/reconcile).
-func (d *Daemon) Reconcile() { d.rc.Pass() }
-
 // Run reconciles and flushes the audit counters periodically until ctx
 // ends, then closes the agent.
 func (d *Daemon) Run(ctx context.Context) error {
@@ -538,6 +534,3 @@ func (d *Daemon) Counts() Counts {
 	c := d.reg.Counts()
 	return Counts{Jobs: c.Jobs, Steps: c.Steps, Exempt: c.Exempt, FilterAttached: d.enf.Filter() != nil}
 }
-
-// Version is logged at start.
-func Version() string { return version.Version }

@@ -118,28 +118,6 @@ func ParseIDX(s string) ([]int, error) {
 	}
 }
 
-// FormatGresIDX renders ascending indices as Slurm's bit_fmt does
-// ("0-2,5"): the inverse of ParseGresIDX.
-func FormatGresIDX(gpus []int) string {
-	var b strings.Builder
-	for i := 0; i < len(gpus); {
-		j := i
-		for j+1 < len(gpus) && gpus[j+1] == gpus[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(gpus[i]))
-		if j > i {
-			b.WriteByte('-')
-			b.WriteString(strconv.Itoa(gpus[j]))
-		}
-		i = j + 1
-	}
-	return b.String()
-}
-
 // quoteShort quotes s for an error message, control bytes escaped and a
 // long (hostile) value cut, so that neither reaches a terminal or a log raw.
 func quoteShort(s string) string {

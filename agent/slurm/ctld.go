@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/gpufence/gpufence/agent/gpulist"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpufence/gpufence/agent/gpulist"
 )
 
 // ControllerJob is slurmctld's view of one job on one node, read only from
@@ -448,17 +449,6 @@ func parseJobsDoc(out []byte) (jobsDoc, error) {
 		return jobsDoc{}, &AmbiguousError{Reason: fmt.Sprintf("slurmctld's JSON (%d bytes) does not parse: %v", len(out), err)}
 	}
 	return doc, nil
-}
-
-// ParseJobJSON reads job id on node from `scontrol --json show job` or
-// `squeue --json` output. gres_detail holds one entry per node of the job's
-// allocation (job_resources), in that order.
-func ParseJobJSON(out []byte, id uint32, node string) (ControllerJob, error) {
-	doc, err := parseJobsDoc(out)
-	if err != nil {
-		return ControllerJob{}, err
-	}
-	return doc.job(id, node)
 }
 
 func (doc jobsDoc) job(id uint32, node string) (ControllerJob, error) {
