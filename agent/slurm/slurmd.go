@@ -109,7 +109,7 @@ func (s *Slurmd) GPUs(ctx context.Context) (SlurmdView, error) {
 		return v, fmt.Errorf("%s printed more than %d bytes", v.Command, maxSlurmdOutput)
 	}
 	if err != nil {
-		return v, fmt.Errorf("%s: %v: %s", v.Command, err, slurmdFailure(out.Bytes()))
+		return v, fmt.Errorf("%s: %w: %s", v.Command, err, slurmdFailure(out.Bytes()))
 	}
 	gpus, shares, err := ParseSlurmdTable(out.Bytes())
 	if err != nil {
