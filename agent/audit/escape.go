@@ -4,7 +4,6 @@ package audit
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -26,7 +25,8 @@ func printableRune(r rune) bool { return unicode.IsPrint(r) }
 // to store and to print without losing what it was: a backslash becomes
 // `\\`, and each byte of a character that is not printable, or of invalid
 // UTF-8, becomes `\xNN`. Printable text of any script is kept as it is.
-// Unescape reverses it. The result holds no control character.
+// `\\` and `\xNN` are its only escapes, so a reader can reverse it
+// (docs/audit.md). The result holds no control character.
 func Escape(s string) string { return escape(s, true) }
 
 // Printable makes text safe for a terminal: as Escape, but a backslash is
@@ -62,35 +62,6 @@ func escape(s string, reversible bool) string {
 		i += size
 	}
 	return b.String()
-}
-
-// Unescape returns the text Escape was given.
-func Unescape(s string) (string, error) {
-	if !strings.Contains(s, `\`) {
-		return s, nil
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] != '\\' {
-			b.WriteByte(s[i])
-			continue
-		}
-		switch {
-		case i+1 < len(s) && s[i+1] == '\\':
-			b.WriteByte('\\')
-			i++
-		case i+3 < len(s) && s[i+1] == 'x':
-			c, err := strconv.ParseUint(s[i+2:i+4], 16, 8)
-			if err != nil {
-				return "", fmt.Errorf("unescape %q: bad \\x escape at byte %d", s, i)
-			}
-			b.WriteByte(byte(c))
-			i += 3
-		default:
-			return "", fmt.Errorf("unescape %q: lone backslash at byte %d", s, i)
-		}
-	}
-	return b.String(), nil
 }
 
 // TerminalSafeJSON rewrites a valid JSON document so that printing it

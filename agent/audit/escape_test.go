@@ -4,6 +4,8 @@ package audit
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -57,9 +59,9 @@ func TestEscape(t *testing.T) {
 				t.Errorf("escaped %q still holds a control: %q", tc.in, out)
 			}
 		}
-		back, err := Unescape(Escape(tc.in))
+		back, err := unescape(Escape(tc.in))
 		if err != nil || back != tc.in {
-			t.Errorf("Unescape(Escape(%q)) = %q, %v", tc.in, back, err)
+			t.Errorf("unescape(Escape(%q)) = %q, %v", tc.in, back, err)
 		}
 		// What Escape produced is shown unchanged.
 		if got := Printable(Escape(tc.in)); got != Escape(tc.in) {
@@ -67,8 +69,8 @@ func TestEscape(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{`a\`, `\q`, `\x1`, `\xzz`} {
-		if _, err := Unescape(bad); err == nil {
-			t.Errorf("Unescape(%q) accepted it", bad)
+		if _, err := unescape(bad); err == nil {
+			t.Errorf("unescape(%q) accepted it", bad)
 		}
 	}
 }
@@ -105,4 +107,33 @@ func TestTerminalSafeJSON(t *testing.T) {
 	if plain := []byte(`{"a":"b"}`); string(TerminalSafeJSON(plain)) != string(plain) {
 		t.Error("TerminalSafeJSON changed a plain document")
 	}
+}
+
+// unescape returns the text Escape was given.
+func unescape(s string) (string, error) {
+	if !strings.Contains(s, `\`) {
+		return s, nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch {
+		case i+1 < len(s) && s[i+1] == '\\':
+			b.WriteByte('\\')
+			i++
+		case i+3 < len(s) && s[i+1] == 'x':
+			c, err := strconv.ParseUint(s[i+2:i+4], 16, 8)
+			if err != nil {
+				return "", fmt.Errorf("unescape %q: bad \\x escape at byte %d", s, i)
+			}
+			b.WriteByte(byte(c))
+			i += 3
+		default:
+			return "", fmt.Errorf("unescape %q: lone backslash at byte %d", s, i)
+		}
+	}
+	return b.String(), nil
 }

@@ -86,7 +86,7 @@ func TestTailEscapes(t *testing.T) {
 	if len(recs) != 1 {
 		t.Fatalf("%d records, want 1", len(recs))
 	}
-	if got, err := Unescape(recs[0].Comm); err != nil || got != name {
+	if got, err := unescape(recs[0].Comm); err != nil || got != name {
 		t.Errorf("record comm %q unescapes to %q, %v; want %q", recs[0].Comm, got, err, name)
 	}
 	for _, args := range [][]string{nil, {"--json"}, {"--denied", "--json"}, {"--job", "3"}} {

@@ -125,8 +125,11 @@ type Config struct {
 	// PinDir is where the filter's program, link and maps are pinned in
 	// bpffs so enforcement outlives the agent; empty detaches at stop.
 	PinDir string `yaml:"pin_dir"`
-	// StateFile keeps which job and step each kernel entry belongs to
-	// across agent restarts; empty keeps it in memory only.
+	// StateFile is a copy of the records (which job and step each kernel
+	// entry belongs to), written after changes for gpufence status. The
+	// records themselves outlive the agent in the store pinned in PinDir;
+	// the file is read at start only where there is no store yet (an older
+	// agent's file, or PinDir empty). Empty: no copy.
 	StateFile string `yaml:"state_file"`
 	// RecoverFromSlurmctld asks slurmctld for the GPUs of a job whose prolog
 	// record is missing (agent down at job start, state lost), instead of

@@ -224,7 +224,7 @@ func testAdoptRunningJobs(t *testing.T, mode devfilter.Mode) {
 	// it, the later step (which asked for 2) nothing.
 	tr.ctld.set(8, slurm.ControllerJob{ID: 8, UID: 1001, State: "RUNNING", OnNode: true, GPUs: []int{3}, Source: "test json"}, nil)
 	d.recovery.Forget(8)
-	d.Reconcile()
+	d.rc.Pass()
 	tr.expect(j8, 3)
 	tr.expect(t81)
 	if j, _, _ := d.job(8); j.Unconfirmed != "" || !slices.Equal(j.GPUs, []int{3}) {
@@ -258,7 +258,7 @@ func TestPrivilegedAdoptUnconfirmedDeny(t *testing.T) {
 	}
 	tr.ctld.set(8, slurm.ControllerJob{}, &slurm.AmbiguousError{Reason: "forged"})
 	d.recovery.Forget(8)
-	d.Reconcile()
+	d.rc.Pass()
 	if j, _, ok := d.job(8); !ok || j.Unconfirmed != registry.UnconfirmedDeny || len(j.GPUs) != 0 {
 		t.Errorf("job 8 after an ambiguous answer: %+v (found %v)", j, ok)
 	}
@@ -276,7 +276,7 @@ func TestPrivilegedAdoptAuditOnlyThenAmbiguous(t *testing.T) {
 	tr.expect(task, 0, 1, 2, 3)
 	tr.ctld.set(8, slurm.ControllerJob{}, &slurm.AmbiguousError{Reason: "forged"})
 	d.recovery.Forget(8)
-	d.Reconcile()
+	d.rc.Pass()
 	tr.expect(task)
 	if j, _, _ := d.job(8); j.Unconfirmed != registry.UnconfirmedDeny {
 		t.Errorf("job 8: %+v, want denied", j)
@@ -284,7 +284,7 @@ func TestPrivilegedAdoptAuditOnlyThenAmbiguous(t *testing.T) {
 	// slurmctld says it ended: released.
 	tr.ctld.set(8, slurm.ControllerJob{ID: 8, UID: 1001, State: "COMPLETED"}, nil)
 	d.recovery.Forget(8)
-	d.Reconcile()
+	d.rc.Pass()
 	if _, _, ok := d.job(8); ok {
 		t.Error("job 8 kept after slurmctld said it completed")
 	}
@@ -303,11 +303,11 @@ func TestPrivilegedAdoptAuditOnlyBounded(t *testing.T) {
 		c.AdoptUnconfirmed, c.AdoptUnconfirmedMax = config.AdoptAuditOnly, config.Duration{Duration: max}
 	})
 	tr.expect(task, 0, 1, 2, 3)
-	d.Reconcile()
+	d.rc.Pass()
 	tr.expect(task, 0, 1, 2, 3) // within the bound: still audit-only
 	// The bound is a span of time, so time must pass.
 	time.Sleep(max + 100*time.Millisecond)
-	d.Reconcile()
+	d.rc.Pass()
 	tr.expect(task)
 	j, steps, ok := d.job(8)
 	if !ok || j.Unconfirmed != registry.UnconfirmedDeny || len(steps) != 1 || steps[0].AuditOnly {
@@ -319,6 +319,6 @@ func TestPrivilegedAdoptAuditOnlyBounded(t *testing.T) {
 	}
 	tr.ctld.set(8, slurm.ControllerJob{ID: 8, UID: 1001, State: "RUNNING", OnNode: true, GPUs: []int{2}, Source: "test json"}, nil)
 	d.recovery.Forget(8)
-	d.Reconcile()
+	d.rc.Pass()
 	tr.expect(task, 2)
 }

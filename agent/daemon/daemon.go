@@ -5,7 +5,8 @@
 // decide with agent/policy, write the kernel's map (agent/enforcer) and
 // record (agent/registry, written through to the pinned agent/store);
 // the kernel's access reports go reader → queue → attribution → sinks
-// (agent/events); agent/reconcile and agent/persist run beside them.
+// (agent/events); agent/reconcile and the state file writer
+// (statefile.Writer) run beside them.
 // Each stage is a package with one job; this one only wires them and runs
 // their loops.
 package daemon
@@ -33,7 +34,6 @@ import (
 	"github.com/gpufence/gpufence/agent/handler"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/jobcgroup"
-	"github.com/gpufence/gpufence/agent/persist"
 	"github.com/gpufence/gpufence/agent/reconcile"
 	"github.com/gpufence/gpufence/agent/recovery"
 	"github.com/gpufence/gpufence/agent/registry"
@@ -42,7 +42,6 @@ import (
 	"github.com/gpufence/gpufence/agent/statefile"
 	"github.com/gpufence/gpufence/agent/store"
 	"github.com/gpufence/gpufence/agent/users"
-	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
@@ -238,7 +237,7 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.persistStop, d.persistDone = cancel, make(chan struct{})
-	w := &persist.Writer{Path: cfg.StateFile, Snapshot: d.snapshot, Changed: d.reg.Changed(), Log: d.log}
+	w := &statefile.Writer{Path: cfg.StateFile, Snapshot: d.snapshot, Changed: d.reg.Changed(), Log: d.log}
 	go func() { defer close(d.persistDone); w.Run(ctx) }()
 	if d.shares != nil {
 		d.watchShares(ctx)
@@ -385,9 +384,6 @@ func (d *Daemon) tableState() *statefile.GPUTable {
 
 // Handler answers the plugin's requests; the server calls it directly.
 func (d *Daemon) Handler() *handler.Handler { return d.h }
-
-// Reconcile runs one reconcile pass (agent/reconcile).
-func (d *Daemon) Reconcile() { d.rc.Pass() }
 
 // Run reconciles and flushes the audit counters periodically until ctx
 // ends, then closes the agent.
@@ -538,6 +534,3 @@ func (d *Daemon) Counts() Counts {
 	c := d.reg.Counts()
 	return Counts{Jobs: c.Jobs, Steps: c.Steps, Exempt: c.Exempt, FilterAttached: d.enf.Filter() != nil}
 }
-
-// Version is logged at start.
-func Version() string { return version.Version }

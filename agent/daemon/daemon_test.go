@@ -373,7 +373,7 @@ func TestPrivilegedReconcileRemovesVanishedStep(t *testing.T) {
 		}
 	}
 	tr.ctld.set(1, slurm.ControllerJob{ID: 1, UID: 1000, State: "RUNNING", OnNode: true, GPUs: []int{0}}, nil)
-	d.Reconcile()
+	d.rc.Pass()
 	j, js, ok := d.job(1)
 	if !ok || len(js) != 0 {
 		t.Fatalf("job record after its step and cgroup vanished while slurmctld says it runs: %+v %v, want kept with no step", j, js)
@@ -384,7 +384,7 @@ func TestPrivilegedReconcileRemovesVanishedStep(t *testing.T) {
 	// The job ended without its epilog reaching the agent.
 	tr.ctld.set(1, slurm.ControllerJob{}, slurm.ErrJobUnknown)
 	d.reg.SetCheck(1, time.Time{}, 0)
-	d.Reconcile()
+	d.rc.Pass()
 	if _, _, ok := d.job(1); ok {
 		t.Errorf("job record left after slurmctld said the job is gone")
 	}

@@ -124,7 +124,7 @@ func TestPrivilegedCancelledStepsKeepTheRecord(t *testing.T) {
 	tr.ctld.set(1, slurm.ControllerJob{ID: 1, UID: 1000, State: "RUNNING", OnNode: true, GPUs: []int{1}}, nil)
 	tr.removeJobCgroup("job_1", ext, s0)
 	for range 3 {
-		d.Reconcile()
+		d.rc.Pass()
 		d.reg.SetCheck(1, time.Time{}, 0) // ask at every pass
 	}
 	j, _, ok := d.job(1)
@@ -223,7 +223,7 @@ func TestPrivilegedScopeRecreated(t *testing.T) {
 			// Without the fix this cgroup could open every GPU.
 			tr.expect(tr.mkdir("job_9/step_0/user/task_0"), 0, 1, 2, 3)
 			if byReconcile {
-				d.Reconcile()
+				d.rc.Pass()
 				if n := len(tr.rec.Records(audit.EventFilterReattached)); n != before+1 {
 					t.Fatalf("%d filter_reattached records after reconcile, want %d", n, before+1)
 				}
@@ -269,13 +269,13 @@ func TestPrivilegedPerCgroupEndedStepStaysDenied(t *testing.T) {
 	tr.expect(task, 2)
 	call(d, 0, &pb.StepEnd{JobId: 1, StepId: 0})
 	tr.expect(task) // denied, not unfiltered
-	d.Reconcile()
+	d.rc.Pass()
 	tr.expect(task)
 	if n := d.enf.Ended(); n != 1 {
 		t.Errorf("%d ended entries kept, want 1", n)
 	}
 	tr.removeJobCgroup("job_1", s)
-	d.Reconcile()
+	d.rc.Pass()
 	if n := d.enf.Ended(); n != 0 {
 		t.Errorf("%d ended entries after the cgroup is gone, want 0", n)
 	}

@@ -283,7 +283,7 @@ func (tr *tree) detached(d *Daemon, sock string, before kernelState, stepd, slur
 		} else if len(after.children) != 2 || after.verifyRegistered != 0 || slices.ContainsFunc(after.children, func(c string) bool { return strings.HasPrefix(c, verifycgroup.Prefix) }) {
 			t.Errorf("%s: left behind %+v", how, after)
 		}
-		d.Reconcile() // the agent re-attaches
+		d.rc.Pass() // the agent re-attaches
 		tr.passes(tr.verify(sock, nil), devfilter.ModeScope, 0)
 	}
 }

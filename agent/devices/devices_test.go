@@ -103,7 +103,7 @@ func TestCapsMajorConstantsMatchFilter(t *testing.T) {
 	}
 }
 
-// mig is a gres record as slurm.ReadGresGPUs returns it.
+// mig is a gres record as slurm.ReadGres returns in GresConf.GPUs it.
 func mig(index int, src string, files ...string) slurm.GPU {
 	return slurm.GPU{Index: index, Path: files[0], Files: files, MIG: true, Source: src}
 }

@@ -116,16 +116,6 @@ func judgeExe(s exeSeen) exeCheck {
 	return exeCheck{now: s.path, status: audit.ExeUnverified, mntNS: s.mntNS}
 }
 
-// checkExe reads /proc/<tgid>/exe, which comes after the access, and says
-// whether it is still the program the kernel saw at the access: the same
-// process (start time) running the same file (inode, superblock device),
-// under a path that names that file in the node's mount namespace. The
-// path is read before and after the file is compared, so an exec in
-// between is not taken for the program of the access.
-func checkExe(proc string, ev devfilter.Event) exeCheck {
-	return judgeExe(seeExe(proc, nodeNamespace(proc, "1"), ev))
-}
-
 // seeExe makes the reads judgeExe weighs. An exec while it reads (the
 // link moved) is read once more: the exec is then over, and the file the
 // process runs now is compared with the kernel's as any other is.

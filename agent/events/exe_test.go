@@ -221,3 +221,13 @@ func TestCheckExeNodeNamespace(t *testing.T) {
 		}
 	}
 }
+
+// checkExe reads /proc/<tgid>/exe, which comes after the access, and says
+// whether it is still the program the kernel saw at the access: the same
+// process (start time) running the same file (inode, superblock device),
+// under a path that names that file in the node's mount namespace. The
+// path is read before and after the file is compared, so an exec in
+// between is not taken for the program of the access.
+func checkExe(proc string, ev devfilter.Event) exeCheck {
+	return judgeExe(seeExe(proc, nodeNamespace(proc, "1"), ev))
+}

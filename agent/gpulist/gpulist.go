@@ -12,7 +12,7 @@ import (
 // The C plugin's GF_MAX_GPU_INDEX (spank/plugin/renumber.h) is the same.
 const MaxIndex = 1023
 
-// ParseGPUList parses a GPU index list in the one grammar gpufence accepts
+// Parse parses a GPU index list in the one grammar gpufence accepts
 // (docs/architecture.md, "GPU lists"): exactly what Slurm writes into
 // SLURM_JOB_GPUS and SLURM_STEP_GPUS, decimal indices without sign, blank or
 // leading zero, joined by commas, strictly ascending, each at most
@@ -116,28 +116,6 @@ func ParseIDX(s string) ([]int, error) {
 		}
 		rest = tail
 	}
-}
-
-// FormatGresIDX renders ascending indices as Slurm's bit_fmt does
-// ("0-2,5"): the inverse of ParseGresIDX.
-func FormatGresIDX(gpus []int) string {
-	var b strings.Builder
-	for i := 0; i < len(gpus); {
-		j := i
-		for j+1 < len(gpus) && gpus[j+1] == gpus[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(gpus[i]))
-		if j > i {
-			b.WriteByte('-')
-			b.WriteString(strconv.Itoa(gpus[j]))
-		}
-		i = j + 1
-	}
-	return b.String()
 }
 
 // quoteShort quotes s for an error message, control bytes escaped and a

@@ -4,6 +4,7 @@ package gpulist
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -119,8 +120,8 @@ func TestFormat(t *testing.T) {
 		if got := Format(tt.in); got != tt.list {
 			t.Errorf("Format(%v) = %q, want %q", tt.in, got, tt.list)
 		}
-		if got := FormatGresIDX(tt.in); got != tt.idx {
-			t.Errorf("FormatGresIDX(%v) = %q, want %q", tt.in, got, tt.idx)
+		if got := formatGresIDX(tt.in); got != tt.idx {
+			t.Errorf("formatGresIDX(%v) = %q, want %q", tt.in, got, tt.idx)
 		}
 	}
 }
@@ -155,7 +156,7 @@ func FuzzParseGPUList(f *testing.F) {
 			t.Fatalf("Parse(%q) = %v, formats back to %q", s, got, back)
 		}
 		checkSet(t, got)
-		if idx, err := ParseIDX(FormatGresIDX(got)); err != nil || !slices.Equal(idx, got) {
+		if idx, err := ParseIDX(formatGresIDX(got)); err != nil || !slices.Equal(idx, got) {
 			t.Fatalf("GRES IDX round trip of %v: %v, %v", got, idx, err)
 		}
 	})
@@ -174,7 +175,7 @@ func FuzzParseGresIDX(f *testing.F) {
 			}
 			return
 		}
-		if back := FormatGresIDX(got); back != s {
+		if back := formatGresIDX(got); back != s {
 			t.Fatalf("ParseIDX(%q) = %v, formats back to %q", s, got, back)
 		}
 		checkSet(t, got)
@@ -192,4 +193,26 @@ func checkSet(t *testing.T, gpus []int) {
 			t.Fatalf("%v: not strictly ascending within 0..%d", gpus, MaxIndex)
 		}
 	}
+}
+
+// formatGresIDX renders ascending indices as Slurm's bit_fmt does
+// ("0-2,5"): the inverse of ParseGresIDX.
+func formatGresIDX(gpus []int) string {
+	var b strings.Builder
+	for i := 0; i < len(gpus); {
+		j := i
+		for j+1 < len(gpus) && gpus[j+1] == gpus[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(gpus[i]))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(gpus[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
 }

@@ -239,14 +239,6 @@ func Build(in Input, nvidiaMajor, capsMajor uint32) (*Table, error) {
 	return t, nil
 }
 
-// Load reads the GPUs gres.conf gives node and resolves their device
-// files, without asking slurmd (slurmd_gpu_table: off). A node with none
-// is no error: every job then gets no GPU.
-func Load(gresConf, node string, nvidiaMajor, capsMajor uint32) (*Table, error) {
-	g, err := slurm.ReadGres(gresConf, node)
-	return Build(Input{GresConf: gresConf, Gres: g, GresErr: err, SlurmdOff: true}, nvidiaMajor, capsMajor)
-}
-
 // Origin says where the table came from, as chosen at start.
 func (t *Table) Origin() Origin { return t.origin }
 

@@ -142,7 +142,7 @@ func TestChooseRecorded(t *testing.T) {
 		}
 		for _, p := range outs {
 			b, _ := os.ReadFile(p)
-			sd, err := slurm.ParseSlurmdG(b)
+			sd, _, err := slurm.ParseSlurmdTable(b)
 			if err != nil {
 				t.Fatal(err)
 			}

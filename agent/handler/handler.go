@@ -185,12 +185,12 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 		err = p.Verify()
 	}
 	if err != nil {
-		return nil, lookupFailed(fmt.Errorf("step %s: cannot place slurmstepd in Slurm's cgroup tree (%v); gpufence needs CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup", name, err))
+		return nil, lookupFailed(fmt.Errorf("step %s: cannot place slurmstepd in Slurm's cgroup tree (%w); gpufence needs CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup", name, err))
 	}
 	for _, pid := range m.GetTaskPids() {
 		tl, err := h.forPID(int(pid))
 		if err != nil {
-			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d: %v", name, pid, err))
+			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d: %w", name, pid, err))
 		}
 		if tl.Step != loc.Step {
 			return nil, lookupFailed(fmt.Errorf("step %s: task pid %d is in %s, not in its step's cgroup %s", name, pid, tl.Step, loc.Step))
@@ -198,12 +198,12 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	}
 	cgID, err := h.cgroups().ID(loc.Step)
 	if err != nil {
-		return nil, lookupFailed(fmt.Errorf("step %s: %v", name, err))
+		return nil, lookupFailed(fmt.Errorf("step %s: %w", name, err))
 	}
 	cg := cgroup.Cgroup{ID: cgID, Path: loc.Step}
 	st, err := h.Settings.Get()
 	if err != nil {
-		return nil, fmt.Errorf("step %s: %v", name, err)
+		return nil, fmt.Errorf("step %s: %w", name, err)
 	}
 
 	j, known := h.Registry.Job(jobID)
@@ -220,7 +220,7 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	}
 
 	if err := h.Enforcer.Ensure(loc.Scope); err != nil {
-		return nil, fmt.Errorf("step %s: %v", name, err)
+		return nil, fmt.Errorf("step %s: %w", name, err)
 	}
 	// Slurm makes its stepd parking cgroup when the first step starts.
 	h.Enforcer.RefreshExempt()
@@ -258,7 +258,7 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 	}
 	set, err := h.Table.Devices(dec.GPUs)
 	if err != nil {
-		return nil, fmt.Errorf("step %s: %v", name, err)
+		return nil, fmt.Errorf("step %s: %w", name, err)
 	}
 	resp := &pb.Response{SlurmLocalIndices: st.LocalGPUIndices(), StepCgroup: "/" + strings.TrimPrefix(strings.TrimPrefix(loc.Step, h.Mount), "/"),
 		// A step without GPUs never gets a channel: IMEX shares GPU memory,
@@ -294,7 +294,7 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 		if hadPrev && prev.Cgroup.ID == cg.ID {
 			h.Registry.AddStep(prev, loc.Job) // its entry is still the kernel's
 		}
-		return nil, fmt.Errorf("step %s: cannot install its GPU policy: %v", name, err)
+		return nil, fmt.Errorf("step %s: cannot install its GPU policy: %w", name, err)
 	}
 	if placeholder {
 		// No prolog (CPU-only use only, see policy.ForStep): the record
@@ -413,7 +413,7 @@ func (h *Handler) stepChannel(p peer.Peer, m *pb.StepChannel) (*pb.Response, err
 	}
 	loc, err := h.forPID(p.PID)
 	if err != nil {
-		return nil, fmt.Errorf("step %s: cannot place the caller in Slurm's cgroup tree: %v", name, err)
+		return nil, fmt.Errorf("step %s: cannot place the caller in Slurm's cgroup tree: %w", name, err)
 	}
 	if id, err := h.cgroups().ID(loc.Step); err != nil || id != s.Cgroup.ID {
 		return nil, fmt.Errorf("step %s: the caller is in %s, not in the step's cgroup %s", name, loc.Step, s.Cgroup.Path)
@@ -430,18 +430,18 @@ func (h *Handler) stepChannel(p peer.Peer, m *pb.StepChannel) (*pb.Response, err
 		err = p.Verify()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("step %s: cannot read its IMEX channel from slurmstepd: %v", name, err)
+		return nil, fmt.Errorf("step %s: cannot read its IMEX channel from slurmstepd: %w", name, err)
 	}
 	if len(channels) > 0 {
 		set, err := h.Table.Devices(s.GPUs)
 		if err != nil {
-			return nil, fmt.Errorf("step %s: %v", name, err)
+			return nil, fmt.Errorf("step %s: %w", name, err)
 		}
 		if _, ok, err := h.Registry.SetIMEX(jobID, stepID, s.Cgroup.ID, channels); err != nil || !ok {
 			return nil, fmt.Errorf("step %s: cannot record its IMEX channel %v (%v)", name, channels, err)
 		}
 		if err := h.Enforcer.Set(s.Cgroup, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, AuditOnly: s.AuditOnly, IMEXChannels: channels}); err != nil {
-			return nil, fmt.Errorf("step %s: cannot install its IMEX channel: %v", name, err)
+			return nil, fmt.Errorf("step %s: cannot install its IMEX channel: %w", name, err)
 		}
 	}
 	resp := &pb.Response{}
@@ -522,7 +522,7 @@ func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
 	}
 	if errors.Is(err, jobcgroup.ErrNoTaskCgroup) {
 		if err := p.Verify(); err != nil {
-			return nil, fmt.Errorf("step %s: cannot place the task in its step's cgroup: %v", name, err)
+			return nil, fmt.Errorf("step %s: cannot place the task in its step's cgroup: %w", name, err)
 		}
 		// Nothing to narrow by: the task keeps its step's entry, as under
 		// task_binding: step. Said once per step in the log, with the fix.
@@ -551,7 +551,7 @@ func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
 		err = p.Verify()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("step %s: cannot place the task in its step's cgroup: %v", name, err)
+		return nil, fmt.Errorf("step %s: cannot place the task in its step's cgroup: %w", name, err)
 	}
 	gpus, note := policy.ForTask(s.GPUs, m.VisibleDevices)
 	log := h.Log.With("job_id", jobID, "step_id", policy.StepName(stepID), "task_id", m.GetTaskId())
@@ -568,7 +568,7 @@ func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
 	}
 	set, err := h.Table.Devices(gpus)
 	if err != nil {
-		return nil, fmt.Errorf("step %s: %v", name, err)
+		return nil, fmt.Errorf("step %s: %w", name, err)
 	}
 	cg := cgroup.Cgroup{ID: id, Path: dir}
 	var imex []uint32
@@ -580,7 +580,7 @@ func (h *Handler) taskBind(p peer.Peer, m *pb.TaskBind) (*pb.Response, error) {
 		return nil, fmt.Errorf("step %s ended or was registered again while its task was bound", name)
 	}
 	if err := h.Enforcer.Set(cg, devfilter.Policy{GPUMinors: set.GPUMinors, CapsMinors: set.CapsMinors, IMEXChannels: imex}); err != nil {
-		return nil, fmt.Errorf("step %s: cannot install the task's GPU policy: %v", name, err)
+		return nil, fmt.Errorf("step %s: cannot install the task's GPU policy: %w", name, err)
 	}
 	log.Info("task policy applied", "gpus", gpulist.Format(gpus), "cgroup", dir)
 	h.emit(audit.EventPolicyApplied, audit.SeverityInfo,

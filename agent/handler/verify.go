@@ -41,7 +41,7 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 		err = p.Verify()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("verify: cannot read the cgroup of the verify process: %v", err)
+		return nil, fmt.Errorf("verify: cannot read the cgroup of the verify process: %w", err)
 	}
 	dir := filepath.Join(h.Mount, rel)
 	loc, err := jobcgroup.Parse(h.Mount, rel, live)
@@ -55,7 +55,7 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 	}
 	id, err := h.cgroups().ID(loc.Step)
 	if err != nil {
-		return nil, fmt.Errorf("verify: %v", err)
+		return nil, fmt.Errorf("verify: %w", err)
 	}
 	cg := cgroup.Cgroup{ID: id, Path: loc.Step}
 	if h.Registry.Owned(id) {
@@ -77,7 +77,7 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 	}
 	set, err := h.Table.Devices([]int{g})
 	if err != nil {
-		return nil, fmt.Errorf("verify: %v", err)
+		return nil, fmt.Errorf("verify: %w", err)
 	}
 	mode, scope, problem := h.Enforcer.Guards(live)
 	if found.Err != nil {
@@ -113,7 +113,7 @@ func (h *Handler) verifyStart(p peer.Peer, m *pb.VerifyStart) (*pb.Response, err
 		h.verifyMu.Lock()
 		delete(h.verifying, id)
 		h.verifyMu.Unlock()
-		return nil, fmt.Errorf("verify: cannot give cgroup %s its GPU: %v", loc.Step, err)
+		return nil, fmt.Errorf("verify: cannot give cgroup %s its GPU: %w", loc.Step, err)
 	}
 	h.Log.Info("verify cgroup given a GPU", "cgroup", loc.Step, "gpu", g, "filter_problem", problem)
 	info := &pb.VerifyInfo{Mode: string(mode), PolicyMode: h.Mode.String(), Scope: scope, FilterProblem: problem,
@@ -149,7 +149,7 @@ func (h *Handler) verifyEnd(m *pb.VerifyEnd) (*pb.Response, error) {
 	if f := h.Enforcer.Filter(); f != nil {
 		entries, err := f.Policies()
 		if err != nil {
-			return nil, fmt.Errorf("verify: list kernel entries: %v", err)
+			return nil, fmt.Errorf("verify: list kernel entries: %w", err)
 		}
 		if _, ok := entries[id]; ok {
 			left = 1

@@ -138,7 +138,7 @@ func Channels(ents []Entry, major uint32) ([]uint32, error) {
 func MountAt(r io.Reader, dir string) (fstype string, found bool, err error) {
 	mounts, err := mountinfo.Parse(r)
 	if err != nil {
-		return "", false, fmt.Errorf("%v: not in the kernel's format", err)
+		return "", false, fmt.Errorf("%w: not in the kernel's format", err)
 	}
 	for _, m := range mounts {
 		if m.MountPoint == dir {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/devices"
 )
 
@@ -31,17 +32,18 @@ const (
 	MismatchMIGSlice MismatchKind = "mig_slice_unknown"
 )
 
-// Severity says whether a mismatch makes Slurm's table untrustworthy.
-type Severity string
+// Severity says whether a mismatch makes Slurm's table untrustworthy. It
+// is the audit records' scale, so a mismatch's severity is its record's.
+type Severity = audit.Severity
 
 // Severities.
 const (
 	// SeverityError: GPU indices cannot be mapped to devices with
 	// confidence; the agent gives no GPU to any step until it is fixed.
-	SeverityError Severity = "error"
+	SeverityError = audit.SeverityError
 	// SeverityWarning: the mapping holds, but the node is set up in a way
 	// that likely does not do what its admin wants.
-	SeverityWarning Severity = "warning"
+	SeverityWarning = audit.SeverityWarning
 )
 
 // Mismatch is one disagreement, with both sides where there are two.

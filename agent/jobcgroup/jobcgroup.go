@@ -98,19 +98,6 @@ func PathOf(pid int) (string, error) {
 	return unified, nil
 }
 
-// ForPID locates the step that pid runs in.
-func ForPID(mount string, pid int, scope string) (Location, error) {
-	p, err := PathOf(pid)
-	if err != nil {
-		return Location{}, err
-	}
-	loc, err := Parse(mount, p, scope)
-	if err != nil {
-		return Location{}, fmt.Errorf("pid %d: %w", pid, err)
-	}
-	return loc, nil
-}
-
 // ID returns the cgroup id of a cgroup v2 directory, which is its inode
 // number; the kernel's bpf_get_current_ancestor_cgroup_id returns the same.
 func ID(dir string) (uint64, error) {

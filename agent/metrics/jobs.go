@@ -5,7 +5,6 @@ package metrics
 import (
 	"errors"
 	"fmt"
-	"os/user"
 	"strconv"
 	"time"
 
@@ -61,7 +60,7 @@ func (e *Exporter) refresh() {
 			want[k] = true
 			if _, ok := e.held[k]; !ok {
 				h := &holding{uid: a.UID, gpu: g, uuid: e.uuidByMinor[g.Minor]}
-				h.name = e.userName(a.UID)
+				h.name = e.opts.UserName(a.UID)
 				label := h.name
 				if label == "" {
 					label = strconv.FormatUint(uint64(a.UID), 10)
@@ -208,20 +207,4 @@ func (e *Exporter) idleRecord(k heldKey, h *holding, idle time.Duration) {
 		IdleSeconds:   uint64(idle.Seconds()),
 		IdleThreshold: e.opts.IdleThreshold,
 	})
-}
-
-// userName resolves a uid once; NSS lookups can be slow, and they run on
-// the loop, never under the daemon's lock.
-func (e *Exporter) userName(uid uint32) string {
-	if n, ok := e.users[uid]; ok {
-		return n
-	}
-	n := ""
-	if e.opts.UserName != nil {
-		n = e.opts.UserName(uid)
-	} else if u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10)); err == nil {
-		n = u.Username
-	}
-	e.users[uid] = n
-	return n
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/jobmap"
+	"github.com/gpufence/gpufence/agent/users"
 	"github.com/gpufence/gpufence/agent/version"
 )
 
@@ -59,7 +60,9 @@ type Options struct {
 	// JobMap, when set, is kept in step with the jobs' GPUs.
 	JobMap *jobmap.Dir
 	// UserName resolves a uid for the user label (default: the system's
-	// user database, cached; the uid in decimal when it has no name).
+	// user database through an agent/users cache, which asks again for a
+	// uid whose lookup failed after users.FailedTTL; the uid in decimal
+	// when it has no name).
 	UserName func(uid uint32) string
 	// Now is the clock (tests).
 	Now func() time.Time
@@ -106,7 +109,6 @@ type Exporter struct {
 	indexByMinor map[uint32]int
 	uuidByMinor  map[uint32]string
 	lastErr      string
-	users        map[uint32]string
 	lastMapErr   string
 }
 
@@ -154,9 +156,12 @@ func New(o Options) *Exporter {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	if o.UserName == nil {
+		o.UserName = (&users.Cache{}).Name
+	}
 	e := &Exporter{
 		opts: o, log: o.Log.With("component", "metrics"), public: prometheus.NewRegistry(), detail: prometheus.NewRegistry(),
-		wake: make(chan struct{}, 1), held: map[heldKey]*holding{}, users: map[uint32]string{},
+		wake: make(chan struct{}, 1), held: map[heldKey]*holding{},
 		indexByMinor: map[uint32]int{}, uuidByMinor: map[uint32]string{},
 	}
 	e.state.e = e

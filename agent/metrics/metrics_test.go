@@ -91,7 +91,7 @@ func alloc(job, uid uint32, gpus ...devices.GPU) Allocation {
 	return Allocation{JobID: job, UID: uid, GPUs: gpus}
 }
 
-func users(uid uint32) string {
+func userNames(uid uint32) string {
 	if uid == 1001 {
 		return "alice"
 	}
@@ -150,7 +150,7 @@ func one(t *testing.T, reg prometheus.Gatherer, name string, want map[string]str
 }
 
 func TestAllocationSeriesFollowJobs(t *testing.T) {
-	e := New(Options{UserName: users})
+	e := New(Options{UserName: userNames})
 	e.Allocations([]Allocation{alloc(12, 1001, gpu(1, 1), gpu(3, 3)), alloc(13, 4242, gpu(0, 0))})
 	e.refresh()
 	reg := e.Registry()
@@ -184,7 +184,7 @@ func TestIdleSecondsAndAuditRecord(t *testing.T) {
 	clk := &clock{t: time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC)}
 	smp := &fakeSampler{}
 	rec := &records{}
-	e := New(Options{Sampler: smp, IdleThreshold: 5, IdleAuditAfter: time.Minute, Audit: rec, UserName: users, Now: clk.now})
+	e := New(Options{Sampler: smp, IdleThreshold: 5, IdleAuditAfter: time.Minute, Audit: rec, UserName: userNames, Now: clk.now})
 	reg := e.Registry()
 	const uuid = "GPU-11111111-2222-3333-4444-555555555555"
 	usage := func(util uint32) inventory.Usage {

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/gpufence/gpufence/agent/gpulist"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpufence/gpufence/agent/gpulist"
 )
 
 // ControllerJob is slurmctld's view of one job on one node, read only from
@@ -312,7 +313,7 @@ func (c *Controller) scontrolJSON(ctx context.Context, id uint32) (ControllerJob
 		case unknownJobText(stderr):
 			return ControllerJob{}, ErrJobUnknown
 		}
-		return ControllerJob{}, fmt.Errorf("scontrol --json show job %d: %v: %s", id, err, firstLine(stderr))
+		return ControllerJob{}, fmt.Errorf("scontrol --json show job %d: %w: %s", id, err, firstLine(stderr))
 	}
 	doc, err := parseJobsDoc(out)
 	if err != nil {
@@ -388,7 +389,7 @@ func (c *Controller) squeueList(ctx context.Context) (jobsDoc, error) {
 		if bytes.Contains(stderr, []byte("unrecognized option")) || bytes.Contains(stderr, []byte("plugin")) {
 			return jobsDoc{}, fmt.Errorf("%w: %s", errUnsupported, firstLine(stderr))
 		}
-		return jobsDoc{}, fmt.Errorf("squeue --json: %v: %s", err, firstLine(stderr))
+		return jobsDoc{}, fmt.Errorf("squeue --json: %w: %s", err, firstLine(stderr))
 	}
 	return parseJobsDoc(out)
 }
@@ -403,7 +404,7 @@ func (c *Controller) scontrolText(ctx context.Context, id uint32) (ControllerJob
 			// stderr only: stdout holds the job's own fields.
 			return ControllerJob{}, ErrJobUnknown
 		}
-		return ControllerJob{}, fmt.Errorf("scontrol show job -d %d: %v: %s", id, err, firstLine(stderr))
+		return ControllerJob{}, fmt.Errorf("scontrol show job -d %d: %w: %s", id, err, firstLine(stderr))
 	}
 	return ParseJobText(string(out), id, c.Node)
 }
@@ -448,17 +449,6 @@ func parseJobsDoc(out []byte) (jobsDoc, error) {
 		return jobsDoc{}, &AmbiguousError{Reason: fmt.Sprintf("slurmctld's JSON (%d bytes) does not parse: %v", len(out), err)}
 	}
 	return doc, nil
-}
-
-// ParseJobJSON reads job id on node from `scontrol --json show job` or
-// `squeue --json` output. gres_detail holds one entry per node of the job's
-// allocation (job_resources), in that order.
-func ParseJobJSON(out []byte, id uint32, node string) (ControllerJob, error) {
-	doc, err := parseJobsDoc(out)
-	if err != nil {
-		return ControllerJob{}, err
-	}
-	return doc.job(id, node)
 }
 
 func (doc jobsDoc) job(id uint32, node string) (ControllerJob, error) {
@@ -673,7 +663,7 @@ func gresCount(head string) (uint64, error) {
 	}
 	n, err := strconv.ParseUint(head[i+1:], 10, 63)
 	if err != nil {
-		return 0, fmt.Errorf("count %q: %v", head[i+1:], err)
+		return 0, fmt.Errorf("count %q: %w", head[i+1:], err)
 	}
 	return n, nil
 }
@@ -785,7 +775,7 @@ func ParseJobText(out string, id uint32, node string) (ControllerJob, error) {
 	}
 	uid, err := strconv.ParseUint(m[1], 10, 32)
 	if err != nil {
-		return ControllerJob{}, fmt.Errorf("job %d: UserId=%s: %v", id, user, err)
+		return ControllerJob{}, fmt.Errorf("job %d: UserId=%s: %w", id, user, err)
 	}
 	cj := ControllerJob{ID: id, UID: uint32(uid), State: state, GPUs: []int{}}
 	if gresAt < 0 {
@@ -807,7 +797,7 @@ func ParseJobText(out string, id uint32, node string) (ControllerJob, error) {
 		}
 		match, err := hostMatches(m[1], node)
 		if err != nil {
-			return ControllerJob{}, fmt.Errorf("scontrol: %v", err)
+			return ControllerJob{}, fmt.Errorf("scontrol: %w", err)
 		}
 		if !match {
 			continue

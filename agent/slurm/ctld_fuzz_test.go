@@ -83,7 +83,7 @@ func FuzzParseJobJSONInjection(f *testing.F) {
 		if err != nil {
 			t.Skip(err)
 		}
-		got, err := ParseJobJSON(out, 7, "n2")
+		got, err := parseJobJSON(out, 7, "n2")
 		if err != nil || !slices.Equal(got.GPUs, want.GPUs) || got.State != want.State || got.UID != want.UID || !got.OnNode {
 			t.Fatalf("user text changed the answer: %+v, %v\n%q", got, err, text)
 		}
@@ -103,7 +103,7 @@ func FuzzParseJobOutput(f *testing.F) {
 	f.Fuzz(func(t *testing.T, out []byte) {
 		for _, j := range []func() (ControllerJob, error){
 			func() (ControllerJob, error) { return ParseJobText(string(out), 3, "vm") },
-			func() (ControllerJob, error) { return ParseJobJSON(out, 4, "vm") },
+			func() (ControllerJob, error) { return parseJobJSON(out, 4, "vm") },
 		} {
 			got, err := j()
 			if err != nil {

@@ -147,7 +147,7 @@ func TestParseJobJSON(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			j, err := ParseJobJSON(tt.out, tt.id, tt.node)
+			j, err := parseJobJSON(tt.out, tt.id, tt.node)
 			var amb *AmbiguousError
 			switch {
 			case tt.wantAmb:
@@ -500,7 +500,7 @@ func TestParseJobShares(t *testing.T) {
 		{"22.05 squeue", `{"jobs":[{"job_id":9,"user_id":1000,"job_state":"RUNNING","job_resources":{"nodes":"n1"},"gres_detail":["shard:5(IDX:2)"]}]}`, []Share{{"shard", 2, 5}}},
 		{"25.11 scontrol", `{"jobs":[{"job_id":9,"user_id":1000,"job_state":["RUNNING"],"job_resources":{"nodes":{"list":"n1"}},"gres_detail":["mps:50(0/100,50/100,0/100,0/100)"]}],"errors":[]}`, []Share{{"mps", 1, 50}}},
 	} {
-		j, err := ParseJobJSON([]byte(tt.out), 9, "n1")
+		j, err := parseJobJSON([]byte(tt.out), 9, "n1")
 		if err != nil || len(j.GPUs) != 0 || !slices.Equal(j.Shares, tt.want) || !j.Running() {
 			t.Errorf("%s: %+v, %v; want shares %v", tt.name, j, err, tt.want)
 		}
@@ -510,4 +510,15 @@ func TestParseJobShares(t *testing.T) {
 	if err != nil || !slices.Equal(j.Shares, []Share{{"shard", 3, 5}}) {
 		t.Errorf("text: %+v, %v", j, err)
 	}
+}
+
+// parseJobJSON reads job id on node from `scontrol --json show job` or
+// `squeue --json` output. gres_detail holds one entry per node of the job's
+// allocation (job_resources), in that order.
+func parseJobJSON(out []byte, id uint32, node string) (ControllerJob, error) {
+	doc, err := parseJobsDoc(out)
+	if err != nil {
+		return ControllerJob{}, err
+	}
+	return doc.job(id, node)
 }

@@ -258,3 +258,8 @@ func checkRoundTrip(t *testing.T, lines []Line) {
 		}
 	}
 }
+
+func readGresGPUs(fsys fileSystem, path, node string) ([]GPU, error) {
+	g, err := readGres(fsys, path, node)
+	return g.GPUs, err
+}

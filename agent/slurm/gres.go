@@ -5,9 +5,10 @@ package slurm
 import (
 	"errors"
 	"fmt"
-	"github.com/gpufence/gpufence/agent/gpulist"
 	"sort"
 	"strings"
+
+	"github.com/gpufence/gpufence/agent/gpulist"
 )
 
 // GPU is one GPU as Slurm numbers it on this node: Index is the global index
@@ -60,13 +61,6 @@ type GresConf struct {
 	Shares Shares
 }
 
-// ReadGresGPUs returns the GPU table of node from gres.conf at path (see
-// ReadGres).
-func ReadGresGPUs(path, node string) ([]GPU, error) {
-	g, err := ReadGres(path, node)
-	return g.GPUs, err
-}
-
 // ReadGres reads node's GPUs from gres.conf at path, in Slurm's own index
 // order (common_node_config_load in Slurm): records in file order, each
 // file of a File= range one index, each MultipleFiles= record one index.
@@ -77,11 +71,6 @@ func ReadGresGPUs(path, node string) ([]GPU, error) {
 // AutoDetect still set.
 func ReadGres(path, node string) (GresConf, error) {
 	return readGres(osFiles{}, path, node)
-}
-
-func readGresGPUs(fsys fileSystem, path, node string) ([]GPU, error) {
-	g, err := readGres(fsys, path, node)
-	return g.GPUs, err
 }
 
 func readGres(fsys fileSystem, path, node string) (GresConf, error) {

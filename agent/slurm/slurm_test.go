@@ -157,7 +157,7 @@ func TestReadGresGPUs(t *testing.T) {
 			for n, b := range tt.extra {
 				write(t, dir, n, b)
 			}
-			got, err := ReadGresGPUs(write(t, dir, "gres.conf", tt.body), tt.node)
+			got, err := readGresFile(write(t, dir, "gres.conf", tt.body), tt.node)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want %q", err, tt.wantErr)
@@ -272,7 +272,7 @@ func TestReadGresGPUsMIG(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := write(t, t.TempDir(), "gres.conf", tt.body)
-			got, err := ReadGresGPUs(p, "n1")
+			got, err := readGresFile(p, "n1")
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want %q", err, tt.wantErr)
@@ -352,4 +352,11 @@ func TestSlurmdPid(t *testing.T) {
 	if err != nil || s.SlurmdPidFile != "/run/slurm/d.pid" {
 		t.Errorf("readSettings: SlurmdPidFile %q, %v", s.SlurmdPidFile, err)
 	}
+}
+
+// readGresFile returns the GPU table of node from gres.conf at path (see
+// ReadGres).
+func readGresFile(path, node string) ([]GPU, error) {
+	g, err := ReadGres(path, node)
+	return g.GPUs, err
 }

@@ -109,7 +109,7 @@ func (s *Slurmd) GPUs(ctx context.Context) (SlurmdView, error) {
 		return v, fmt.Errorf("%s printed more than %d bytes", v.Command, maxSlurmdOutput)
 	}
 	if err != nil {
-		return v, fmt.Errorf("%s: %v: %s", v.Command, err, slurmdFailure(out.Bytes()))
+		return v, fmt.Errorf("%s: %w: %s", v.Command, err, slurmdFailure(out.Bytes()))
 	}
 	gpus, shares, err := ParseSlurmdTable(out.Bytes())
 	if err != nil {
@@ -155,24 +155,6 @@ func stripLogPrefix(l string) string { return l[len(logPrefix.FindString(l)):] }
 // maxSlurmdLine bounds one line of slurmd -G output.
 const maxSlurmdLine = 1 << 20
 
-// ParseSlurmdG reads the GPU table from `slurmd -G` output (stderr),
-// 22.05 to 26.05:
-//
-//	slurmd: Gres Name=gpu Type=(null) Count=4 Index=0 ID=7696487 File=/dev/nvidia[0-3] (null)
-//	[2026-12-01T11:28:37.391] Gres Name=gpu Type=a100 Count=1 Index=0 ID=7696487 File=/dev/nvidia0 Links=(null) Flags=HAS_FILE,...
-//
-// Each record is what gres.conf and AutoDetect merged into, in the order
-// slurmd numbers devices: a File= range of Count files is Count GPUs, one
-// per file; a record of Count=1 with several files is one MultipleFiles=
-// MIG slice (its GPU first). Index= is the device number from the file's
-// last digits, not Slurm's index, and is not used. Other gres (mps, shard,
-// nic) are skipped; other lines (warnings) ignored. Output with no gpu
-// record is an empty table.
-func ParseSlurmdG(out []byte) ([]GPU, error) {
-	gpus, _, err := ParseSlurmdTable(out)
-	return gpus, err
-}
-
 // Shares places the devices of a node's shared GRES on its GPUs:
 // Shares["shard"][k] is the GPU index of the k-th gres/shard device as
 // slurmctld numbers them in a job's gres_detail, -1 where that device is
@@ -200,7 +182,21 @@ func (s Shares) GPU(kind string, dev int) (int, bool) {
 	return devs[dev], true
 }
 
-// ParseSlurmdTable is ParseSlurmdG that also places the shared GRES: slurmd
+// ParseSlurmdTable reads the GPU table from `slurmd -G` output (stderr),
+// 22.05 to 26.05:
+//
+//	slurmd: Gres Name=gpu Type=(null) Count=4 Index=0 ID=7696487 File=/dev/nvidia[0-3] (null)
+//	[2026-12-01T11:28:37.391] Gres Name=gpu Type=a100 Count=1 Index=0 ID=7696487 File=/dev/nvidia0 Links=(null) Flags=HAS_FILE,...
+//
+// Each record is what gres.conf and AutoDetect merged into, in the order
+// slurmd numbers devices: a File= range of Count files is Count GPUs, one
+// per file; a record of Count=1 with several files is one MultipleFiles=
+// MIG slice (its GPU first). Index= is the device number from the file's
+// last digits, not Slurm's index, and is not used. Other gres (mps, shard,
+// nic) are skipped; other lines (warnings) ignored. Output with no gpu
+// record is an empty table.
+//
+// It also places the shared GRES: slurmd
 // prints one shard (mps) record per GPU, Count=0 where gres.conf gives that
 // GPU none, each with its GPU's File= (gres_c_s.c's _merge_lists, 22.05 to
 // 26.05); slurmctld numbers a shared GRES's devices in the order of those

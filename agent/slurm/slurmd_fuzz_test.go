@@ -37,9 +37,9 @@ func FuzzParseSlurmdG(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, out []byte) {
 		before := heapAllocs()
-		gpus, err := ParseSlurmdG(out)
+		gpus, err := parseSlurmdG(out)
 		if a := heapAllocs() - before; a > allocBound(len(out)) {
-			t.Fatalf("ParseSlurmdG allocated %d bytes for %d bytes of output", a, len(out))
+			t.Fatalf("parseSlurmdG allocated %d bytes for %d bytes of output", a, len(out))
 		}
 		if err != nil {
 			if gpus != nil || err.Error() == "" {

@@ -91,7 +91,7 @@ func TestParseSlurmdGRecorded(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := ParseSlurmdG(b)
+			got, err := parseSlurmdG(b)
 			if layout == "missing" {
 				if err == nil || !strings.Contains(err.Error(), "can't stat gres.conf file /var/tmp/gfg-slurmdg/missing/dev/nvidia4") {
 					t.Fatalf("got %v, %v; want slurmd's fatal error", got, err)
@@ -153,7 +153,7 @@ func TestGresConfAgreesWithSlurmd(t *testing.T) {
 		}
 		for _, p := range outs {
 			b, _ := os.ReadFile(p)
-			sd, err := ParseSlurmdG(b)
+			sd, err := parseSlurmdG(b)
 			if err != nil {
 				t.Fatalf("%s: %v", p, err)
 			}
@@ -210,7 +210,7 @@ func TestParseSlurmdG(t *testing.T) {
 		{name: "no file in the list", out: fmt.Sprintf(p22, "1", ","), wantErr: "names no device file"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseSlurmdG([]byte(tt.out))
+			got, err := parseSlurmdG([]byte(tt.out))
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("got %v, %v; want error %q", files(got), err, tt.wantErr)
@@ -549,4 +549,10 @@ func TestReadGresShares(t *testing.T) {
 	if err != nil || conf.Shares != nil {
 		t.Errorf("plain: %v %v", conf.Shares, err)
 	}
+}
+
+// parseSlurmdG is the GPUs of ParseSlurmdTable.
+func parseSlurmdG(out []byte) ([]GPU, error) {
+	gpus, _, err := ParseSlurmdTable(out)
+	return gpus, err
 }

@@ -9,10 +9,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/gpufence/gpufence/agent/audit"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/gpufence/gpufence/agent/audit"
 )
 
 // Version is bumped when the file's meaning changes; an unknown version is

@@ -5,9 +5,7 @@ package status
 import (
 	"errors"
 	"fmt"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +17,7 @@ import (
 	"github.com/gpufence/gpufence/agent/policy"
 	"github.com/gpufence/gpufence/agent/slurm"
 	"github.com/gpufence/gpufence/agent/statefile"
+	"github.com/gpufence/gpufence/agent/users"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
@@ -31,13 +30,7 @@ func Gather(cfg config.Config, agentUID uint32) Input {
 		Version: version.Version, PinDir: cfg.PinDir, StateFile: cfg.StateFile,
 		Agent:       agentReport(ProbeSocket(cfg.Socket), agentUID),
 		CgroupAlive: map[uint64]bool{}, CgroupIDs: map[string]uint64{}, Exempt: map[uint64]string{},
-		UserName: func(uid uint32) string {
-			u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
-			if err != nil {
-				return ""
-			}
-			return u.Username
-		},
+		UserName: (&users.Cache{}).Name,
 	}
 	in.State, in.StateExists, in.StateErr = statefile.Read(cfg.StateFile)
 	if in.State != nil {

@@ -23,8 +23,11 @@ type Socket struct {
 	Mode     os.FileMode
 	// UID owns the socket file.
 	UID uint32
-	// Listening: a connection was accepted (and closed unused: the agent
-	// reads EOF and drops it). DialErr says why not.
+	// Listening: a connect succeeded (and was closed unused: the agent
+	// reads EOF and drops it). The kernel queues a unix connect in the
+	// listener's backlog whether or not anything accepts it, so this shows
+	// who listens, not that the agent answers (server.Probe, the
+	// watchdog's exchange, does that). DialErr says why not.
 	Listening bool
 	DialErr   error
 	// PeerKnown says the kernel gave the listener's credentials
@@ -41,7 +44,10 @@ type Socket struct {
 const dialTimeout = 2 * time.Second
 
 // ProbeSocket looks at the socket at path without following a link there,
-// connects and closes at once, and asks the kernel who listens.
+// connects and closes at once, and asks the kernel who listens. It sends
+// nothing: status and doctor judge the file and the listener's identity
+// here, while the agent's own health check exchanges a frame
+// (server.Probe).
 func ProbeSocket(path string) Socket {
 	s := Socket{Path: path}
 	var st unix.Stat_t

@@ -94,7 +94,8 @@ type AgentReport struct {
 	Socket string `json:"socket"`
 	// SocketExists: a unix socket is at that path.
 	SocketExists bool `json:"socket_exists"`
-	// Listening: a connection was accepted (and closed unused).
+	// Listening: a connect succeeded (and was closed unused); see
+	// Socket.Listening.
 	Listening bool `json:"listening"`
 	// PID is the process holding the socket (SO_PEERCRED), 0 if unknown.
 	PID int `json:"pid,omitempty"`

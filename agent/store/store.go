@@ -226,17 +226,6 @@ func (s *Store) Close() error {
 	return errors.Join(s.jobs.Close(), s.steps.Close())
 }
 
-// Unpin removes the pins, as removing the package does.
-func Unpin(dir string) error {
-	var errs []error
-	for _, n := range []string{jobsPin, stepsPin, jobsPin + newSuffix, stepsPin + newSuffix} {
-		if err := unix.Unlink(filepath.Join(dir, n)); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
 func bitmap(gpus []int) ([gpuWords]uint64, error) {
 	var b [gpuWords]uint64
 	for _, g := range gpus {

@@ -3,6 +3,7 @@
 package store
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -90,7 +91,7 @@ func TestPrivilegedStoreSurvivesReopen(t *testing.T) {
 	if got, _ := s.Jobs(); len(got) != 1 {
 		t.Errorf("jobs after delete: %+v", got)
 	}
-	if err := Unpin(dir); err != nil {
+	if err := unpin(dir); err != nil {
 		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
@@ -132,7 +133,7 @@ func TestPrivilegedStoreUncommittedIsMadeAgain(t *testing.T) {
 	if pins := names(t, dir); !slices.Equal(pins, []string{"store_jobs", "store_steps"}) {
 		t.Errorf("pins after Commit: %v", pins)
 	}
-	if err := Unpin(dir); err != nil {
+	if err := unpin(dir); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -172,7 +173,7 @@ func TestPrivilegedStoreReplacesOtherLayout(t *testing.T) {
 	if err := s.PutJob(Job{ID: 1, GPUs: []int{3}}); err != nil {
 		t.Fatal(err)
 	}
-	Unpin(dir)
+	unpin(dir)
 }
 
 func TestIMEXFlags(t *testing.T) {
@@ -197,4 +198,15 @@ func TestIMEXFlags(t *testing.T) {
 			t.Errorf("%v: no error", ch)
 		}
 	}
+}
+
+// unpin removes the pins.
+func unpin(dir string) error {
+	var errs []error
+	for _, n := range []string{jobsPin, stepsPin, jobsPin + newSuffix, stepsPin + newSuffix} {
+		if err := unix.Unlink(filepath.Join(dir, n)); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

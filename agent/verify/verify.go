@@ -449,11 +449,11 @@ func child(ctx context.Context, o Options, dir string, args []string) (childResu
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
-		return childResult{}, fmt.Errorf("%s in %s: %v: %s", o.Child[0], dir, err, strings.TrimSpace(errOut.String()))
+		return childResult{}, fmt.Errorf("%s in %s: %w: %s", o.Child[0], dir, err, strings.TrimSpace(errOut.String()))
 	}
 	var res childResult
 	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		return childResult{}, fmt.Errorf("%s in %s: bad output: %v", o.Child[0], dir, err)
+		return childResult{}, fmt.Errorf("%s in %s: bad output: %w", o.Child[0], dir, err)
 	}
 	return res, nil
 }

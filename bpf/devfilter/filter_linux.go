@@ -415,7 +415,7 @@ func (f *Filter) Set(cg cgroup.Cgroup, p Policy) error {
 		if err := f.policies.Update(cg.ID, &v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("set device policy of cgroup %d: %w", cg.ID, err)
 		}
-		f.log.Debug("device policy set", "cgroup", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors, "caps_minors", p.CapsMinors)
+		f.log.Debug("device policy set", "cgroup", cg.Path, "cgroup_id", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors, "caps_minors", p.CapsMinors)
 		return nil
 	}
 
@@ -433,13 +433,13 @@ func (f *Filter) Set(cg cgroup.Cgroup, p Policy) error {
 			}
 		}
 		f.attached[cg.ID] = l
-		f.log.Debug("device filter attached", "cgroup", cg.ID, "path", cg.Path)
+		f.log.Debug("device filter attached", "cgroup", cg.Path, "cgroup_id", cg.ID)
 	}
 	// Until this write the attachment's storage is zero: no GPU.
 	if err := f.storage.Update(storageKey(cg.ID), &v, ebpf.UpdateExist); err != nil {
 		return fmt.Errorf("set device policy of cgroup %d: %w", cg.ID, err)
 	}
-	f.log.Debug("device policy set", "cgroup", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors, "caps_minors", p.CapsMinors)
+	f.log.Debug("device policy set", "cgroup", cg.Path, "cgroup_id", cg.ID, "allow_all", p.AllowAll, "gpu_minors", p.GPUMinors, "caps_minors", p.CapsMinors)
 	return nil
 }
 
@@ -457,7 +457,7 @@ func (f *Filter) Remove(cg cgroup.Cgroup) error {
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("remove device policy of cgroup %d: %w", cg.ID, err)
 		}
-		f.log.Debug("device policy removed", "cgroup", cg.ID)
+		f.log.Debug("device policy removed", "cgroup", cg.Path, "cgroup_id", cg.ID)
 		return nil
 	}
 
@@ -486,7 +486,7 @@ func (f *Filter) Remove(cg cgroup.Cgroup) error {
 		return fmt.Errorf("detach device filter from cgroup %d: %w", cg.ID, err)
 	}
 	delete(f.attached, cg.ID)
-	f.log.Debug("device filter detached", "cgroup", cg.ID)
+	f.log.Debug("device filter detached", "cgroup", cg.Path, "cgroup_id", cg.ID)
 	return nil
 }
 

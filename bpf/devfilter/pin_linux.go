@@ -275,7 +275,7 @@ func (f *Filter) pinMaps(dir string, prev *pinned, reused map[string]*ebpf.Map, 
 		// the new one whole.
 		if prev != nil && prev.maps[n] != nil && n != "config" {
 			if err := copyEntries(prev.maps[n], m, policyMaps[n]); err != nil {
-				f.log.Warn("device filter map entries not carried over", "map", n, "error", err)
+				f.log.Warn("device filter map entries not carried over", "map", n, "err", err)
 			}
 		}
 		if err := pinOver(dir, pinMapPrefix+n, m.Pin); err != nil {
@@ -361,7 +361,7 @@ func (f *Filter) adoptCgroupLinks(prev *pinned, storageReused bool) error {
 			err := old.Update(f.program)
 			if errors.Is(err, unix.ENOLINK) {
 				// The cgroup is gone; its link is defunct.
-				f.log.Info("removing device filter pin of a removed cgroup", "cgroup", id)
+				f.log.Info("removing device filter pin of a removed cgroup", "cgroup_id", id)
 				if err := removePins(prev.dir, []string{name}); err != nil {
 					return err
 				}
@@ -375,7 +375,7 @@ func (f *Filter) adoptCgroupLinks(prev *pinned, storageReused bool) error {
 			continue
 		}
 		if info, err := old.Info(); err == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == 0 {
-			f.log.Info("removing device filter pin of a removed cgroup", "cgroup", id)
+			f.log.Info("removing device filter pin of a removed cgroup", "cgroup_id", id)
 			if err := removePins(prev.dir, []string{name}); err != nil {
 				return err
 			}
@@ -403,7 +403,7 @@ func (f *Filter) adoptCgroupLinks(prev *pinned, storageReused bool) error {
 			case err == nil:
 				v = old
 			case !errors.Is(err, ebpf.ErrKeyNotExist):
-				f.log.Warn("device policy not carried over; cgroup denied every GPU", "cgroup", id, "error", err)
+				f.log.Warn("device policy not carried over; cgroup denied every GPU", "cgroup_id", id, "err", err)
 			}
 		}
 		if err := f.storage.Update(storageKey(id), &v, ebpf.UpdateExist); err != nil {
@@ -415,7 +415,7 @@ func (f *Filter) adoptCgroupLinks(prev *pinned, storageReused bool) error {
 			return err
 		}
 		if err := old.Detach(); err != nil {
-			f.log.Warn("old device filter link not detached", "cgroup", id, "error", err)
+			f.log.Warn("old device filter link not detached", "cgroup_id", id, "err", err)
 		}
 		f.attached[id] = l
 	}

@@ -91,10 +91,10 @@ func (f *Filter) Reattach(scopeDir string) error {
 		// Defunct, or on a cgroup that is no longer Slurm's scope: the pin
 		// names the new link now, so detach the old one explicitly.
 		if err := old.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) {
-			f.log.Warn("detach the old device filter link", "error", err)
+			f.log.Warn("detach the old device filter link", "err", err)
 		}
 		if err := old.Close(); err != nil {
-			f.log.Warn("close the old device filter link", "error", err)
+			f.log.Warn("close the old device filter link", "err", err)
 		}
 	}
 	f.log.Info("device filter re-attached", "scope", scopeDir, "scope_cgroup_id", st.Ino, "scope_level", level)

@@ -53,7 +53,7 @@ func (f *Filter) AttachSlurmd(dir string, id uint64) error {
 	if old != nil {
 		// The pin names the new link now: detach the old one explicitly.
 		if err := old.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) {
-			f.log.Warn("detach the old device filter link of slurmd's cgroup", "error", err)
+			f.log.Warn("detach the old device filter link of slurmd's cgroup", "err", err)
 		}
 		old.Close()
 	}

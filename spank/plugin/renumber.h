@@ -6,11 +6,11 @@
  * uses when only the step's GPUs can be opened. No Slurm dependency, so it is
  * unit-tested and fuzzed on its own (spank/internal/cparse).
  *
- * The grammar is the agent's (policy.ParseGPUList; docs/architecture.md,
+ * The grammar is the agent's (gpulist.Parse; docs/architecture.md,
  * "GPU lists"): exactly what Slurm writes into SLURM_JOB_GPUS and
  * SLURM_STEP_GPUS, decimal indices without sign, blank or leading zero,
  * joined by commas, strictly ascending, each at most GF_MAX_GPU_INDEX. Both
- * parsers are tested against agent/policy/testdata/gpulist.txt.
+ * parsers are tested against agent/gpulist/testdata/gpulist.txt.
  */
 #ifndef GPUFENCE_RENUMBER_H
 #define GPUFENCE_RENUMBER_H

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package persist
+package statefile
 
 import (
 	"context"
@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/gpufence/gpufence/agent/statefile"
 )
 
 // Changes are coalesced: a burst of them is a few writes, the newest
@@ -21,9 +19,9 @@ func TestWriterCoalesces(t *testing.T) {
 	changed := make(chan struct{}, 1)
 	var n, snaps atomic.Int32
 	w := &Writer{Path: path, Changed: changed, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Interval: 50 * time.Millisecond,
-		Snapshot: func() statefile.File {
+		Snapshot: func() File {
 			snaps.Add(1)
-			return statefile.File{Jobs: []statefile.Job{{ID: uint32(n.Load())}}}
+			return File{Jobs: []Job{{ID: uint32(n.Load())}}}
 		}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -38,7 +36,7 @@ func TestWriterCoalesces(t *testing.T) {
 	}
 	cancel()
 	<-done
-	f, _, err := statefile.Read(path)
+	f, _, err := Read(path)
 	if err != nil || f == nil || len(f.Jobs) != 1 || f.Jobs[0].ID != 200 {
 		t.Fatalf("state after the burst: %+v, %v; want the last snapshot (job 200)", f, err)
 	}

@@ -1,29 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package persist writes the agent's records to its state file, off the
-// request path: woken by every change, it writes the newest snapshot
-// (temp file, fsync, rename) at most every Interval, and once more at stop.
-// Nothing waits for it. The crash-safe copy of the records is the pinned
-// store (agent/store); this file is for `gpufence status` while the agent
-// is down, and for an agent started where only an older version's state
-// file exists.
-package persist
+package statefile
 
 import (
 	"context"
 	"log/slog"
 	"time"
-
-	"github.com/gpufence/gpufence/agent/statefile"
 )
 
 // Interval is the least time between two writes.
 const Interval = 200 * time.Millisecond
 
-// Writer writes Snapshot() to Path after each value on Changed.
+// Writer writes the agent's records to its state file, off the request
+// path: woken by every change, it writes the newest snapshot (temp file,
+// fsync, rename) at most every Interval, and once more at stop. Nothing
+// waits for it. The crash-safe copy of the records is the pinned store
+// (agent/store); this file is for `gpufence status` while the agent is
+// down, and for an agent started where only an older version's state file
+// exists.
+//
+// It writes Snapshot() to Path after each value on Changed.
 type Writer struct {
 	Path     string
-	Snapshot func() statefile.File
+	Snapshot func() File
 	Changed  <-chan struct{}
 	Log      *slog.Logger
 	Interval time.Duration
@@ -60,7 +59,7 @@ func (w *Writer) Run(ctx context.Context) {
 }
 
 func (w *Writer) write() {
-	if err := statefile.Write(w.Path, w.Snapshot()); err != nil {
+	if err := Write(w.Path, w.Snapshot()); err != nil {
 		w.Log.Error("write the state file (gpufence status reads it while the agent is down)", "file", w.Path, "err", err)
 	}
 }
