@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -93,6 +94,17 @@ func TestMountAt(t *testing.T) {
 // a mount namespace of its own, a tmpfs on the directory, one channel
 // node; then it waits on stdin.
 const childEnv = "GPUFENCE_IMEXCHAN_TEST_CHILD"
+
+// init keeps a child's main goroutine on the main thread: unshare(2)
+// changes the calling thread only, and the parent reads the namespace of
+// /proc/<pid>, the main thread's. Without it, a goroutine that moved
+// between threads under load mounted its tmpfs in the host's namespace
+// (and the test found no mount in the child's).
+func init() {
+	if os.Getenv(childEnv) != "" {
+		runtime.LockOSThread()
+	}
+}
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(childEnv); spec != "" {
