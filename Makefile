@@ -12,14 +12,13 @@ GO_LDFLAGS := -X github.com/gpufence/gpufence/agent/version.Version=$(VERSION)
 BIN := bin
 GPUFENCE := $(BIN)/gpufence
 SPANK_C := $(BIN)/spank_gpufence.so
-SPANK_GO := $(BIN)/spank_gpufence_go.so
 
 .PHONY: help
 help: ## list targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: $(GPUFENCE) $(SPANK_C) $(SPANK_GO) ## build the agent/CLI and the SPANK plugin
+build: $(GPUFENCE) $(SPANK_C) ## build the agent/CLI and the SPANK plugin
 
 # cgo: NVML (go-nvml calls libnvidia-ml.so.1, loaded at run time) and user
 # names from NSS (LDAP, SSSD) need libc. glibc >= 2.34, as for the plugin.
@@ -29,17 +28,13 @@ GPUFENCE_CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 $(GPUFENCE): FORCE
 	CGO_CFLAGS='$(GPUFENCE_CGO_CFLAGS)' CGO_ENABLED=1 $(GO) build -buildmode=pie -trimpath -buildvcs=false -ldflags '$(GO_LDFLAGS)' -o $@ ./agent/cmd/gpufence
 
-$(SPANK_GO): FORCE
-	CGO_ENABLED=1 $(GO) build -trimpath -buildvcs=false -buildmode=c-shared -ldflags '$(GO_LDFLAGS)' -o $@ ./spank/goclient
-	@rm -f $(BIN)/spank_gpufence_go.h
-
 # Also used by packaging/build-plugins.sh for the per-Slurm-version builds.
 SPANK_CFLAGS := -std=gnu11 -O2 -g -Wall -Wextra -Werror -fPIC -shared
 
-$(SPANK_C): $(wildcard spank/plugin/*.c spank/plugin/*.h spank/plugin/*.map) spank/goclient/goclient.h
+$(SPANK_C): $(wildcard spank/plugin/*.c spank/plugin/*.h spank/plugin/*.map)
 	@mkdir -p $(BIN)
 	$(CC) $(SPANK_CFLAGS) -I$(SLURM_INCLUDE) \
-		-Wl,--version-script=spank/plugin/exports.map -o $@ $(filter %.c,$^) -ldl
+		-Wl,--version-script=spank/plugin/exports.map -o $@ $(filter %.c,$^)
 
 GENERATED := '*.pb.go' '*_bpfel.go' '*_bpfel.o'
 
@@ -129,7 +124,7 @@ test-all: lint build ## every test: unit, privileged and end-to-end (root)
 .PHONY: vm-test
 vm-test: build ## production-like node in a throw-away VM: systemd, pure cgroup v2, kernel 6.1 (root; minutes; not in CI)
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
-	tests/vm/run-in-vm.sh tests/vm/node-systemd.sh $(BIN)/gpufence $(BIN)/spank_gpufence.so $(BIN)/spank_gpufence_go.so $(BIN)/gf-open
+	tests/vm/run-in-vm.sh tests/vm/node-systemd.sh $(BIN)/gpufence $(BIN)/spank_gpufence.so $(BIN)/gf-open
 
 .PHONY: vm-package-test
 vm-package-test: package ## install the .deb in a throw-away systemd VM and check units, enforcement, doctor, removal (root; ~80 s; not in CI)
@@ -227,9 +222,6 @@ plugin: ## one SPANK entry from SLURM_INCLUDE (e.g. /opt/slurm/include): build/p
 .PHONY: package
 package: plugins ## .deb and .rpm in dist/ with nfpm (docs/packaging.md)
 	CGO_CFLAGS='$(GPUFENCE_CGO_CFLAGS)' CGO_ENABLED=1 $(GO) build -buildmode=pie -trimpath -buildvcs=false -ldflags '$(PKG_GO_LDFLAGS)' -o $(PKG_BUILD)/gpufence ./agent/cmd/gpufence
-	CGO_ENABLED=1 $(GO) build -trimpath -buildvcs=false -buildmode=c-shared \
-		-ldflags '$(PKG_GO_LDFLAGS)' -o $(PKG_BUILD)/spank_gpufence_go.so ./spank/goclient
-	rm -f $(PKG_BUILD)/spank_gpufence_go.h
 	gzip -9n < packaging/man/gpufence.8 > $(PKG_BUILD)/gpufence.8.gz
 	packaging/changelog.sh '$(PKG_VERSION)' '$(VERSION)' '$(SOURCE_DATE_EPOCH)' '$(PKG_MAINTAINER)' > $(PKG_BUILD)/changelog.yml
 	packaging/nfpm-config.sh > $(PKG_BUILD)/nfpm.yaml

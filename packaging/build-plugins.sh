@@ -74,7 +74,7 @@ for inc in "$@"; do
 	mkdir -p "$dest"
 	# shellcheck disable=SC2086 # SPANK_CFLAGS is a list of flags
 	"$cc" ${SPANK_CFLAGS:-} -I"$inc" -Wl,--version-script=spank/plugin/exports.map \
-		-o "$dest/spank_gpufence.so" spank/plugin/*.c -ldl
+		-o "$dest/spank_gpufence.so" spank/plugin/*.c
 	[ -z "$strip" ] || "$strip" --strip-unneeded "$dest/spank_gpufence.so"
 	# Installed as is (a shared object is not executed); umask-independent.
 	chmod 0755 "$dest"

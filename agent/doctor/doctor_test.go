@@ -68,7 +68,6 @@ func newNode(t *testing.T) *node {
 	n.write("/etc/slurm/plugstack.conf.d/gpufence.conf", "required /usr/lib/gpufence/spank_gpufence.so\n")
 	n.plugin("/usr/lib/gpufence/slurm-24.11/spank_gpufence.so", v2411)
 	n.symlink("/usr/lib/gpufence/slurm-24.11/spank_gpufence.so", "/usr/lib/gpufence/spank_gpufence.so")
-	n.write("/usr/lib/gpufence/spank_gpufence_go.so", "go part")
 	n.slurmd("slurm 24.11.1")
 	if os.Geteuid() == 0 {
 		n.mknod("/dev/nvidia0", 195, 0)
@@ -359,8 +358,6 @@ func TestFailures(t *testing.T) {
 			"slurm-plugin", Fail, "no plugin at /usr/lib/gpufence/slurm-24.11/spank_gpufence.so", "Build the plugin against Slurm 24.11", []string{"plugstack"}},
 		{"plugin not a Slurm plugin", func(n *node) { n.write("/usr/lib/gpufence/slurm-24.11/spank_gpufence.so", "not elf") },
 			"slurm-plugin", Fail, "spank_gpufence.so", "", nil},
-		{"Go part missing", func(n *node) { n.remove("/usr/lib/gpufence/spank_gpufence_go.so") },
-			"slurm-plugin", Fail, "Go part /usr/lib/gpufence/spank_gpufence_go.so is missing", "spank_gpufence_go.so", nil},
 		{"ConstrainDevices=yes noted as compatible", func(n *node) { n.write("/etc/slurm/cgroup.conf", "CgroupPlugin=cgroup/v2\nConstrainDevices=yes\n") },
 			"slurm-cgroup", OK, "ConstrainDevices=yes, noted as compatible", "", nil},
 		{"ConstrainDevices=yes with per-cgroup mode", func(n *node) {
@@ -590,12 +587,13 @@ func writeTemp(t *testing.T, body string) string {
 }
 
 func TestParsePlugArgs(t *testing.T) {
-	good := []string{"socket=/run/x.sock", "timeout=5", "golib=/opt/g.so", "failure=open", "spool=/var/s"}
+	// golib= (older versions' Go library) is ignored, as the plugin does.
+	good := []string{"socket=/run/x.sock", "timeout=5", "golib=relative", "failure=open", "spool=/var/s"}
 	o, err := parsePlugArgs(good)
-	if err != nil || o.Socket != "/run/x.sock" || o.Failure != "open" || o.Golib != "/opt/g.so" {
+	if err != nil || o.Socket != "/run/x.sock" || o.Failure != "open" || o.Spool != "/var/s" {
 		t.Fatalf("%+v %v", o, err)
 	}
-	for _, bad := range [][]string{{"socket=run/x"}, {"failure=maybe"}, {"timeout=1", "timeout=2"}, {"verbose"}, {"sock=/x"}} {
+	for _, bad := range [][]string{{"socket=run/x"}, {"failure=maybe"}, {"timeout=1", "timeout=2"}, {"verbose"}, {"sock=/x"}, {"golib"}} {
 		if _, err := parsePlugArgs(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

@@ -139,17 +139,8 @@ func (r *run) checkPlugin() Check {
 	c := newCheck("slurm-plugin", "Slurm version against the installed plugin")
 	e := r.env
 	plugin := DefaultPluginDir + "/" + PluginName
-	var golib string
 	if len(r.plug.Lines) > 0 && r.plug.Lines[0].Resolved != "" {
 		plugin = r.plug.Lines[0].Resolved
-		if o, err := parsePlugArgs(r.plug.Lines[0].Args); err == nil {
-			golib = o.Golib
-		}
-	}
-	if golib == "" {
-		// The C plugin looks beside the path it was loaded from (dladdr
-		// gives the symlink's path, not its target).
-		golib = filepath.Join(filepath.Dir(plugin), goLibName)
 	}
 
 	// The builds the package ships, one per Slurm release.
@@ -225,11 +216,6 @@ func (r *run) checkPlugin() Check {
 	}
 	pv := FromVersionNumber(n)
 	c.add("%s: plugin_version 0x%06x = Slurm %s", chain[len(chain)-1], n, pv)
-	if _, err := os.Stat(e.path(golib)); err != nil {
-		c.fail("Install "+goLibName+" beside the plugin (or set golib= in the plugstack line): the plugin loads it to record each step that failure=open lets run without the agent.", "the plugin's Go part %s is missing", golib)
-	} else {
-		c.add("Go part: %s", golib)
-	}
 	switch {
 	case !haveSlurm && !found:
 		c.skip("plugin built for Slurm %s; no Slurm program here to compare with", pv.Release())

@@ -18,9 +18,6 @@ const PluginName = "spank_gpufence.so"
 // builds (slurm-<major.minor>/spank_gpufence.so).
 const DefaultPluginDir = "/usr/lib/gpufence"
 
-// goLibName is the Go part the C plugin loads (golib= overrides it).
-const goLibName = "spank_gpufence_go.so"
-
 // plugLine is a required/optional line of plugstack.conf naming gpufence.
 type plugLine struct {
 	File string
@@ -153,7 +150,7 @@ func (f *plugstackFacts) read(e *Env, file string, pluginDirs []string, depth in
 // plugOptions are the plugin's arguments, parsed as spank/plugin/args.c
 // parses them (strictly: an unknown or repeated key is an error).
 type plugOptions struct {
-	Socket, Golib, Failure, Spool, Timeout string
+	Socket, Failure, Spool, Timeout string
 }
 
 func parsePlugArgs(args []string) (plugOptions, error) {
@@ -163,26 +160,27 @@ func parsePlugArgs(args []string) (plugOptions, error) {
 		k, v, ok := strings.Cut(a, "=")
 		var dst *string
 		switch {
+		case ok && k == "golib":
+			// The Go library of older versions: the plugin ignores it.
+			continue
 		case !ok:
 		case k == "socket":
 			dst = &o.Socket
 		case k == "timeout":
 			dst = &o.Timeout
-		case k == "golib":
-			dst = &o.Golib
 		case k == "failure":
 			dst = &o.Failure
 		case k == "spool":
 			dst = &o.Spool
 		}
 		if dst == nil {
-			return o, fmt.Errorf("unknown option %q (known: socket, timeout, golib, failure, spool)", a)
+			return o, fmt.Errorf("unknown option %q (known: socket, timeout, failure, spool)", a)
 		}
 		if seen[k] {
 			return o, fmt.Errorf("option %q given twice", k)
 		}
 		seen[k] = true
-		if (k == "socket" || k == "golib" || k == "spool") && !filepath.IsAbs(v) {
+		if (k == "socket" || k == "spool") && !filepath.IsAbs(v) {
 			return o, fmt.Errorf("option %q: not an absolute path", a)
 		}
 		if k == "failure" && v != "open" && v != "closed" {

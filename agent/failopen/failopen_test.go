@@ -3,12 +3,15 @@
 package failopen
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/audit/audittest"
@@ -39,8 +42,10 @@ func TestIngestFailOpen(t *testing.T) {
 	// A bad line keeps the file for a person to look at.
 	os.WriteFile(spool, []byte("not json\n"), 0o600)
 	d.Ingest()
-	if left, _ := filepath.Glob(filepath.Join(dir, "*.ingest")); len(left) != 1 {
+	if left, _ := filepath.Glob(filepath.Join(dir, "*.bad")); len(left) != 1 {
 		t.Errorf("bad spool not kept: %v", left)
+	} else {
+		os.Remove(left[0])
 	}
 
 	// A spool that is not the plugin's is not read: a link, a file others
@@ -65,5 +70,62 @@ func TestIngestFailOpen(t *testing.T) {
 		if _, err := os.Lstat(spool); err != nil {
 			t.Errorf("%s spool was taken: %v", name, err)
 		}
+	}
+}
+
+// TestIngestWaitsForWriters: a writer that holds its shared lock on the
+// spool (the plugin between its lock and its write) keeps Ingest from
+// reading the taken file; the next Ingest reads it, line included, before
+// it takes the spool again.
+func TestIngestWaitsForWriters(t *testing.T) {
+	dir := t.TempDir()
+	spool := filepath.Join(dir, "failopen.jsonl")
+	first := `{"time":"t","job_id":7,"step_id":"0","uid":0,"node":"n1","reason":"r"}` + "\n"
+	if err := os.WriteFile(spool, []byte(first), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w, err := os.OpenFile(spool, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := syscall.Flock(int(w.Fd()), syscall.LOCK_SH); err != nil {
+		t.Fatal(err)
+	}
+	rec := &audittest.Recorder{}
+	d := &Spool{Path: spool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Recorder: rec, Users: &users.Cache{}}
+	defer func(old time.Duration) { lockWait = old }(lockWait)
+	lockWait = 100 * time.Millisecond
+	d.Ingest()
+	if n := len(rec.Records(audit.EventStepUnfiltered)); n != 0 {
+		t.Fatalf("%d records read while a writer held its lock", n)
+	}
+	// A new spool appears meanwhile; the writer finishes its line into
+	// the taken one and lets go.
+	if err := os.WriteFile(spool, []byte(strings.Replace(first, `"job_id":7`, `"job_id":9`, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteString(strings.Replace(first, `"job_id":7`, `"job_id":8`, 1)); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	d.Ingest()
+	var jobs []uint32
+	for _, r := range rec.Records(audit.EventStepUnfiltered) {
+		jobs = append(jobs, r.JobID)
+	}
+	if fmt.Sprint(jobs) != "[7 8]" {
+		t.Fatalf("first pass after the writer let go recorded jobs %v, want [7 8] (the taken file only)", jobs)
+	}
+	d.Ingest()
+	jobs = jobs[:0]
+	for _, r := range rec.Records(audit.EventStepUnfiltered) {
+		jobs = append(jobs, r.JobID)
+	}
+	if fmt.Sprint(jobs) != "[7 8 9]" {
+		t.Fatalf("jobs %v, want [7 8 9]", jobs)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
 	}
 }

@@ -2,12 +2,11 @@
 #define _GNU_SOURCE
 #include "args.h"
 
-#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
-#define KNOWN "(known: socket, timeout, golib, failure, spool)"
+#define KNOWN "(known: socket, timeout, failure, spool)"
 
 /*
  * "%.*s%s" arguments quoting at most GF_ARG_SHOWN bytes of an argument, so
@@ -70,32 +69,11 @@ static int set_failure(int *dst, const char *arg, const char *val, char *err,
 	return -1;
 }
 
-/* The directory this plugin was loaded from, for the default golib. */
-static int default_golib(char *dst, size_t size, char *err, size_t errlen)
-{
-	Dl_info info;
-	const char *slash;
-
-	if (!dladdr((void *)gf_config_parse, &info) || !info.dli_fname ||
-	    !(slash = strrchr(info.dli_fname, '/'))) {
-		snprintf(err, errlen,
-			 "cannot tell where this plugin was loaded from; set golib=PATH in plugstack.conf");
-		return -1;
-	}
-	if (snprintf(dst, size, "%.*s/%s", (int)(slash - info.dli_fname),
-		     info.dli_fname, GF_GOLIB_NAME) >= (int)size) {
-		snprintf(err, errlen, "plugin path too long; set golib=PATH in plugstack.conf");
-		return -1;
-	}
-	return 0;
-}
-
-enum opt { OPT_SOCKET, OPT_TIMEOUT, OPT_GOLIB, OPT_FAILURE, OPT_SPOOL, NOPTS };
+enum opt { OPT_SOCKET, OPT_TIMEOUT, OPT_FAILURE, OPT_SPOOL, NOPTS };
 
 static const char *const opt_names[NOPTS] = {
 	[OPT_SOCKET] = "socket",   [OPT_TIMEOUT] = "timeout",
-	[OPT_GOLIB] = "golib",     [OPT_FAILURE] = "failure",
-	[OPT_SPOOL] = "spool",
+	[OPT_FAILURE] = "failure", [OPT_SPOOL] = "spool",
 };
 
 int gf_config_parse(int ac, char **av, struct gf_config *cfg, char *err,
@@ -115,6 +93,12 @@ int gf_config_parse(int ac, char **av, struct gf_config *cfg, char *err,
 		size_t klen = eq ? (size_t)(eq - arg) : 0;
 		int o, rc;
 
+		/*
+		 * golib= named the Go library that wrote the spool before the
+		 * plugin wrote it itself: a line that still has it loads.
+		 */
+		if (eq && klen == 5 && !strncmp(arg, "golib", 5))
+			continue;
 		for (o = 0; o < NOPTS; o++)
 			if (eq && strlen(opt_names[o]) == klen &&
 			    !strncmp(arg, opt_names[o], klen))
@@ -141,10 +125,6 @@ int gf_config_parse(int ac, char **av, struct gf_config *cfg, char *err,
 			rc = set_timeout(&cfg->timeout_s, arg, val, err,
 					 errlen);
 			break;
-		case OPT_GOLIB:
-			rc = set_path(cfg->golib, sizeof(cfg->golib), arg, val,
-				      err, errlen);
-			break;
 		case OPT_FAILURE:
 			rc = set_failure(&cfg->fail_open, arg, val, err,
 					 errlen);
@@ -156,8 +136,5 @@ int gf_config_parse(int ac, char **av, struct gf_config *cfg, char *err,
 		if (rc)
 			return rc;
 	}
-	if (!seen[OPT_GOLIB])
-		return default_golib(cfg->golib, sizeof(cfg->golib), err,
-				     errlen);
 	return 0;
 }

@@ -8,7 +8,6 @@
 
 #define GF_DEFAULT_SOCKET "/run/gpufence/agent.sock"
 #define GF_DEFAULT_TIMEOUT_S 5
-#define GF_GOLIB_NAME "spank_gpufence_go.so"
 #define GF_DEFAULT_SPOOL "/var/spool/gpufence/failopen.jsonl"
 /* Bytes of an argument an error message quotes; longer ones are cut. */
 #define GF_ARG_SHOWN 80
@@ -16,7 +15,6 @@
 struct gf_config {
 	char socket[108]; /* sizeof(sockaddr_un.sun_path) */
 	int timeout_s;
-	char golib[PATH_MAX];
 	/* failure=open: a step the agent cannot be reached for runs unfiltered. */
 	int fail_open;
 	char spool[PATH_MAX]; /* where such steps are recorded */
@@ -24,9 +22,9 @@ struct gf_config {
 
 /*
  * Fills cfg from the defaults and then av[0..ac): socket=PATH, timeout=SECONDS,
- * golib=PATH, failure=closed|open, spool=PATH. Returns 0, or -1 with a message for the administrator in err
- * (naming the bad option) on an unknown key, a repeated key or a bad value.
- * The default golib is spank_gpufence_go.so next to this plugin.
+ * failure=closed|open, spool=PATH. Returns 0, or -1 with a message for the
+ * administrator in err (naming the bad option) on an unknown key, a repeated
+ * key or a bad value. golib=, the Go library of older versions, is ignored.
  */
 int gf_config_parse(int ac, char **av, struct gf_config *cfg, char *err,
 		    size_t errlen);

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -639,9 +641,87 @@ static void duration(int ms, char *buf, size_t len)
 }
 
 /*
+ * The node's memory of a hung agent: <socket>.hung, a root-only file in the
+ * socket's folder whose mtime says when an exchange last waited its whole
+ * timeout for no answer. Every process that talks to the agent (the job
+ * prolog, each slurmstepd) reads it, so a job whose prolog found the agent
+ * hung does not wait the timeout again in its extern step and its step.
+ * It is used only in a folder of ours that no one else may write to (the
+ * agent's socket folder is root's, 0755), and only when it is a regular
+ * file of ours. A clock that jumps makes it stale (a time ahead by more
+ * than GF_HUNG_SKEW_S, or older than GF_HUNG_WINDOW_S): the next exchange
+ * then waits its full timeout once, as without it; it never makes a call
+ * fail without asking the agent.
+ */
+#define GF_HUNG_SKEW_S 2
+
+static bool hung_marker(const char *socket, char *path, size_t len)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
+	char *slash;
+	struct stat st;
+
+	if (snprintf(path, len, "%s.hung", socket) >= (int)len ||
+	    snprintf(dir, sizeof(dir), "%s", socket) >= (int)sizeof(dir) ||
+	    !(slash = strrchr(dir, '/')))
+		return false;
+	slash[slash == dir] = 0;
+	return !lstat(dir, &st) && S_ISDIR(st.st_mode) &&
+	       st.st_uid == geteuid() && !(st.st_mode & 022);
+}
+
+/* Whether an exchange on this node found the agent hung a moment ago. */
+static bool hung_recently(const char *socket)
+{
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
+	struct timespec now;
+	struct stat st;
+	long long age;
+
+	if (!hung_marker(socket, path, sizeof(path)) || lstat(path, &st) ||
+	    !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+		return false;
+	clock_gettime(CLOCK_REALTIME, &now);
+	age = (long long)now.tv_sec - (long long)st.st_mtim.tv_sec;
+	return age >= -GF_HUNG_SKEW_S && age <= GF_HUNG_WINDOW_S;
+}
+
+/* An exchange waited its whole timeout: say so, with now as the time. */
+static void mark_hung(const char *socket)
+{
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
+	struct stat st;
+	int fd;
+
+	if (!hung_marker(socket, path, sizeof(path)))
+		return;
+	fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+	if (fd < 0)
+		return;
+	if (!fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_uid == geteuid())
+		futimens(fd, NULL);
+	close(fd);
+}
+
+/* The agent answered: later exchanges wait their full timeout again. */
+static void clear_hung(const char *socket)
+{
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
+	struct stat st;
+
+	if (hung_marker(socket, path, sizeof(path)) && !lstat(path, &st))
+		unlink(path);
+}
+
+/*
  * Sends the framed request, and when the agent could not be reached or did
- * not answer in time, once more after GF_RETRY_PAUSE_MS, within 1.5 x
- * timeout in all. Sending a request twice is safe: the agent treats a
+ * not answer in time, once more, within 1.5 x timeout in all: after
+ * GF_RETRY_PAUSE_MS when it could not be reached (an agent restarting), at
+ * once and for GF_PROBE_MS when it did not answer (a hung agent answers no
+ * second try; a working one answers in milliseconds). Once an exchange on
+ * the node has waited its timeout for nothing, every call for the next
+ * GF_HUNG_WINDOW_S makes one try of GF_PROBE_MS only, until the agent
+ * answers one. Sending a request twice is safe: the agent treats a
  * repeated request as the same one. On GPUFENCE_OK, *body holds the answer
  * r points into (the caller frees it).
  */
@@ -650,9 +730,11 @@ static int call(const char *socket, int timeout_ms, const uint8_t *req, int reql
 {
 	struct failure f = { 0 };
 	long long start = now_ms(), end;
-	int rc;
+	int rc, probe_ms;
+	bool hung, waited = false;
 
 	*body = NULL;
+	memset(r, 0, sizeof(*r)); /* error_len: whether the agent itself refused */
 	if (!socket || !socket[0] || timeout_ms <= 0) {
 		char d[32];
 
@@ -665,25 +747,45 @@ static int call(const char *socket, int timeout_ms, const uint8_t *req, int reql
 		snprintf(err, errlen, "invalid argument: request over %d bytes", GF_MAX_FRAME);
 		return GPUFENCE_E_INVALID;
 	}
-	end = start + timeout_ms + timeout_ms / 2;
-	rc = try_once(socket, start + timeout_ms, req, (size_t)reqlen, body, r, &f);
-	if (rc == GPUFENCE_E_UNREACHABLE && end - now_ms() > GF_RETRY_PAUSE_MS) {
-		free(*body);
-		*body = NULL;
-		sleep_ms(GF_RETRY_PAUSE_MS);
-		memset(&f, 0, sizeof(f));
-		rc = try_once(socket, end, req, (size_t)reqlen, body, r, &f);
+	probe_ms = timeout_ms < GF_PROBE_MS ? timeout_ms : GF_PROBE_MS;
+	hung = hung_recently(socket);
+	if (hung) {
+		rc = try_once(socket, start + probe_ms, req, (size_t)reqlen, body, r, &f);
+	} else {
+		end = start + timeout_ms + timeout_ms / 2;
+		rc = try_once(socket, start + timeout_ms, req, (size_t)reqlen, body, r, &f);
+		if (rc == GPUFENCE_E_UNREACHABLE && f.deadline) {
+			waited = true;
+			mark_hung(socket);
+			free(*body);
+			*body = NULL;
+			memset(&f, 0, sizeof(f));
+			rc = try_once(socket, now_ms() + probe_ms, req, (size_t)reqlen, body, r, &f);
+		} else if (rc == GPUFENCE_E_UNREACHABLE && end - now_ms() > GF_RETRY_PAUSE_MS) {
+			free(*body);
+			*body = NULL;
+			sleep_ms(GF_RETRY_PAUSE_MS);
+			memset(&f, 0, sizeof(f));
+			rc = try_once(socket, end, req, (size_t)reqlen, body, r, &f);
+		}
 	}
+	if (rc == GPUFENCE_OK || (rc == GPUFENCE_E_REFUSED && r->error_len))
+		clear_hung(socket);
 	if (rc == GPUFENCE_OK)
 		return rc;
 	free(*body);
 	*body = NULL;
 	if (rc == GPUFENCE_E_UNREACHABLE && f.deadline) {
-		/* The text names the configured timeout the first try waited. */
-		char d[32];
+		/* The text names the timeout that was waited. */
+		char d[32], p[32];
 
 		duration(timeout_ms, d, sizeof(d));
-		snprintf(err, errlen, "no answer within %s", d);
+		duration(probe_ms, p, sizeof(p));
+		if (hung && !waited)
+			snprintf(err, errlen, "no answer within %s; an exchange on this node had none within %s less than %ds ago",
+				 p, d, GF_HUNG_WINDOW_S);
+		else
+			snprintf(err, errlen, "no answer within %s", d);
 	} else {
 		snprintf(err, errlen, "%s", f.text);
 	}
@@ -891,4 +993,21 @@ int gf_client_task_bind(int fd, int timeout_ms, uint32_t job_id,
 	}
 	free(body);
 	return rc;
+}
+
+void gf_describe_failure(const char *socket, int code, const char *reason,
+			 char *msg, size_t msglen)
+{
+	switch (code) {
+	case GPUFENCE_E_REFUSED:
+		snprintf(msg, msglen, "the gpufence agent refused: %s", reason);
+		break;
+	case GPUFENCE_E_UNREACHABLE:
+		snprintf(msg, msglen, "cannot reach the gpufence agent at %s (%s)",
+			 socket, reason);
+		break;
+	default:
+		snprintf(msg, msglen, "internal error talking to the gpufence agent at %s (code %d: %s)",
+			 socket, code, reason);
+	}
 }

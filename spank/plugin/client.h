@@ -17,7 +17,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../goclient/goclient.h"
+/* Return codes. */
+#define GPUFENCE_OK 0
+/* The agent answered with an error; err holds its text, meant for users. */
+#define GPUFENCE_E_REFUSED 1
+/* The agent could not be reached, or did not answer in time. */
+#define GPUFENCE_E_UNREACHABLE 2
+/* The arguments were unusable (for example more GPUs than fit in gpus). */
+#define GPUFENCE_E_INVALID 3
+
+/* Room kept for GPU indices, error texts and cgroup paths. */
+#define GPUFENCE_MAX_GPUS 256
+#define GPUFENCE_ERR_LEN 512
+#define GPUFENCE_CGROUP_LEN 4096
 
 /* proto/wire's MaxFrameSize: the agent takes no bigger frame, nor do we. */
 #define GF_MAX_FRAME (64 << 10)
@@ -95,8 +107,11 @@ int gf_wire_parse_response(const uint8_t *b, size_t n, struct gf_response *r);
 
 /*
  * One call: the request, and when the agent could not be reached or did not
- * answer in time, once more after a pause, within 1.5 x timeout_ms in all.
- * A refusal is the agent's decision and is not asked twice. Each returns
+ * answer in time, once more, within 1.5 x timeout_ms in all. A refusal is
+ * the agent's decision and is not asked twice. Once an exchange on the node
+ * has had no answer within its timeout, each call for GF_HUNG_WINDOW_S
+ * makes one try of GF_PROBE_MS only (fail fast), until the agent answers
+ * one: a marker <socket>.hung in the socket's folder says when (client.c). Each returns
  * GPUFENCE_OK or GPUFENCE_E_REFUSED (err: the agent's words, or a listener
  * that is not root), GPUFENCE_E_UNREACHABLE (err: why, e.g. "no answer
  * within 5s") or GPUFENCE_E_INVALID, with err filled on failure.
@@ -132,5 +147,16 @@ int gf_client_task_bind(int fd, int timeout_ms, uint32_t job_id,
 
 /* The pause between the two tries, in ms. */
 #define GF_RETRY_PAUSE_MS 200
+/* A try's budget once the agent is known hung, in ms. */
+#define GF_PROBE_MS 250
+/* How long an exchange's timeout with no answer makes later calls fail fast. */
+#define GF_HUNG_WINDOW_S 30
+
+/*
+ * Writes a message for users and administrators about a failed call into
+ * msg: what failed, at which socket, and why.
+ */
+void gf_describe_failure(const char *socket, int code, const char *reason,
+			 char *msg, size_t msglen);
 
 #endif

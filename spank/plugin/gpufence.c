@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * gpufence SPANK plugin: the C entry Slurm loads in every context. It stays
- * free of Go so that srun, sbatch and salloc never start a Go runtime; the Go
- * client is loaded only in slurmstepd and the prolog/epilog process
- * (golib.c), and never used from a forked task child.
+ * gpufence SPANK plugin: the C entry Slurm loads in every context, and all
+ * of the plugin: its exchanges with the agent (client.c) and the fail-open
+ * spool (spool.c) are plain system calls in the calling process, so no
+ * other runtime ever starts in srun, sbatch, salloc, slurmd or slurmstepd
+ * and nothing forks a multi-threaded slurmstepd (docs/architecture.md).
  */
 #include <slurm/spank.h>
 

@@ -8,7 +8,6 @@
 
 #include "args.h"
 #include "client.h"
-#include "golib.h"
 #include "log.h"
 
 static int job_ids(spank_t sp, uint32_t *job_id, uint32_t *uid)
@@ -46,7 +45,7 @@ int gf_job_prolog(spank_t sp, int ac, char **av)
 				  getenv("SLURM_JOB_GPUS"), reason,
 				  sizeof(reason));
 	if (rc != GPUFENCE_OK) {
-		gf_describe_failure(&cfg, rc, reason, msg, sizeof(msg));
+		gf_describe_failure(cfg.socket, rc, reason, msg, sizeof(msg));
 		gf_error("job %u prolog: %s; the job's steps will get no GPU",
 			 job_id, msg);
 	}
@@ -71,7 +70,7 @@ int gf_job_epilog(spank_t sp, int ac, char **av)
 	rc = gf_client_job_epilog(cfg.socket, cfg.timeout_s * 1000, job_id,
 				  reason, sizeof(reason));
 	if (rc != GPUFENCE_OK) {
-		gf_describe_failure(&cfg, rc, reason, msg, sizeof(msg));
+		gf_describe_failure(cfg.socket, rc, reason, msg, sizeof(msg));
 		gf_error("job %u epilog: %s", job_id, msg);
 	}
 	return 0;

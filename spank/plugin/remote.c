@@ -16,9 +16,9 @@
 
 #include "args.h"
 #include "client.h"
-#include "golib.h"
 #include "log.h"
 #include "renumber.h"
+#include "spool.h"
 
 #define ENV_LEN 4096
 
@@ -180,7 +180,7 @@ int gf_remote_init(spank_t sp, int ac, char **av)
 				  sizeof(stash.cause));
 	if (rc != GPUFENCE_OK) {
 		stash.rc = rc;
-		gf_describe_failure(&stash.cfg, rc, stash.cause, msg,
+		gf_describe_failure(stash.cfg.socket, rc, stash.cause, msg,
 				    sizeof(msg));
 		gf_error("job %u step %s: %s", job_id, step, msg);
 		snprintf(stash.reason, sizeof(stash.reason), "%s", msg);
@@ -247,8 +247,8 @@ static void fail_open(uint32_t job_id, const char *step, uint32_t uid,
 		snprintf(gate->msg, sizeof(gate->msg), "%s", line);
 		__atomic_store_n(&gate->unfiltered, 1, __ATOMIC_SEQ_CST);
 	}
-	if (gf_go_spool_failopen(&stash.cfg, job_id, step, uid, reason, err,
-				 sizeof(err)) != GPUFENCE_OK)
+	if (gf_spool_append(stash.cfg.spool, job_id, step, uid, reason, err,
+			    sizeof(err)))
 		gf_error("job %u step %s: cannot record the step that runs WITHOUT GPU isolation in %s (%s); the line above is its only record",
 			 job_id, step, stash.cfg.spool, err);
 }
@@ -275,7 +275,7 @@ static int imex_channel(uint32_t job_id, uint32_t step_id, const char *step,
 	if (rc != GPUFENCE_OK) {
 		char why[GPUFENCE_ERR_LEN * 2];
 
-		gf_describe_failure(&stash.cfg, rc, reason, why, sizeof(why));
+		gf_describe_failure(stash.cfg.socket, rc, reason, why, sizeof(why));
 		snprintf(msg, len, "cannot set the step's IMEX channel: %.900s", why);
 		return -1;
 	}
@@ -339,7 +339,7 @@ int gf_remote_task_post_fork(spank_t sp)
 				__atomic_add_fetch(&gate->confirmed, 1, __ATOMIC_SEQ_CST);
 			return 0;
 		}
-		gf_describe_failure(&stash.cfg, rc, reason, msg, sizeof(msg));
+		gf_describe_failure(stash.cfg.socket, rc, reason, msg, sizeof(msg));
 	}
 	snprintf(full, sizeof(full),
 		 "%s; refusing to start job %u step %s without GPU isolation (ask the cluster administrators to check the gpufence agent on this node)",
@@ -406,7 +406,7 @@ static int task_bind(spank_t sp, struct gf_task_result *res, char *msg,
 	}
 	if (rc == GPUFENCE_OK)
 		return 0;
-	gf_describe_failure(&stash.cfg, rc, err, why, sizeof(why));
+	gf_describe_failure(stash.cfg.socket, rc, err, why, sizeof(why));
 	if (rc == GPUFENCE_E_UNREACHABLE && stash.cfg.fail_open) {
 		/* The step's entry still holds: no other job's GPU opens. */
 		gf_error("job %u step %s task %u: cannot set the task's own GPUs (%s); failure=open lets it run with its step's GPUs",

@@ -14,8 +14,7 @@ import (
 
 const repoRoot = "../.."
 
-// binDir holds spank_gpufence.so and spank_gpufence_go.so, built once with
-// the Makefile's own rules.
+// binDir holds spank_gpufence.so, built once with the Makefile's own rule.
 var binDir string
 
 func TestMain(m *testing.M) {
@@ -31,7 +30,7 @@ func run(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	binDir = dir
 	cmd := exec.Command("make", "-C", repoRoot, "BIN="+dir,
-		filepath.Join(dir, "spank_gpufence.so"), filepath.Join(dir, "spank_gpufence_go.so"))
+		filepath.Join(dir, "spank_gpufence.so"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "make: %v\n%s", err, out)
 		return 1
@@ -46,7 +45,7 @@ var trackOnce sync.Once
 // and gcc read) reruns the tests when C code or the header changes.
 func trackSources(t *testing.T) {
 	trackOnce.Do(func() {
-		for _, dir := range []string{"spank/plugin", "spank/goclient", "spank/plugintest/testdata"} {
+		for _, dir := range []string{"spank/plugin", "spank/plugintest/testdata"} {
 			entries, err := os.ReadDir(filepath.Join(repoRoot, dir))
 			if err != nil {
 				t.Fatal(err)

@@ -76,8 +76,8 @@ func TestStrictArguments(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"foo=1"}, `error: gpufence: unknown option "foo=1" in plugstack.conf (known: socket, timeout, golib, failure, spool)`},
-		{[]string{"socket"}, `error: gpufence: unknown option "socket" in plugstack.conf (known: socket, timeout, golib, failure, spool)`},
+		{[]string{"foo=1"}, `error: gpufence: unknown option "foo=1" in plugstack.conf (known: socket, timeout, failure, spool)`},
+		{[]string{"socket"}, `error: gpufence: unknown option "socket" in plugstack.conf (known: socket, timeout, failure, spool)`},
 		{[]string{"timeout=0"}, `error: gpufence: option "timeout=0" in plugstack.conf: want whole seconds from 1 to 3600`},
 		{[]string{"timeout=5s"}, `error: gpufence: option "timeout=5s" in plugstack.conf: want whole seconds from 1 to 3600`},
 		{[]string{"socket=relative.sock"}, `error: gpufence: option "socket=relative.sock" in plugstack.conf: not an absolute path`},
@@ -89,19 +89,19 @@ func TestStrictArguments(t *testing.T) {
 	}
 	for _, ctx := range []string{"local", "allocator", "slurmd"} {
 		for _, tt := range tests {
-			lines := slurm(t, nil, ctx, []string{"init", "maps"}, tt.args...)
+			lines := slurm(t, nil, ctx, []string{"init", "threads"}, tt.args...)
 			if !has(lines, "rc init -1") || !has(lines, tt.want) {
 				t.Errorf("%s %v: want rc -1 and %q, got %q", ctx, tt.args, tt.want, lines)
 			}
 		}
-		lines := slurm(t, nil, ctx, []string{"init", "maps"}, "socket=/x/a.sock", "timeout=3", "golib=/x/go.so",
+		lines := slurm(t, nil, ctx, []string{"init", "threads"}, "socket=/x/a.sock", "timeout=3", "golib=/x/go.so",
 			"failure=open", "spool=/x/failopen.jsonl")
 		if !has(lines, "rc init 0") || hasPrefix(lines, "error:") {
 			t.Errorf("%s with good arguments: %q", ctx, lines)
 		}
-		// srun, sbatch, salloc and slurmd never start a Go runtime.
-		if !has(lines, "golib mapped 0") {
-			t.Errorf("%s loaded the Go library: %q", ctx, lines)
+		// srun, sbatch, salloc and slurmd never start a runtime.
+		if !has(lines, "threads 1") {
+			t.Errorf("%s started a thread: %q", ctx, lines)
 		}
 	}
 }
@@ -113,7 +113,7 @@ func stepEnv(extra ...string) []string {
 
 // As slurmstepd: fork the task, run task_post_fork in the parent, then let
 // the task run task_init; then the step's end.
-var stepSequence = []string{"init", "maps", "fork", "task_post_fork", "release", "exit"}
+var stepSequence = []string{"init", "threads", "fork", "task_post_fork", "release", "exit"}
 
 // ownCgroup is this process's cgroup v2 path, which fakeslurm's task child
 // inherits: what a real agent names as the step's cgroup.
@@ -145,7 +145,7 @@ func TestStepRegistersAndRenumbers(t *testing.T) {
 		return &pb.Response{}
 	})
 	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket, "timeout=5")
-	for _, want := range []string{"rc init 0", "golib mapped 0", "rc task_init 0",
+	for _, want := range []string{"rc init 0", "threads 1", "rc task_init 0",
 		"env CUDA_VISIBLE_DEVICES=1", "env GPU_DEVICE_ORDINAL=0,1", "rc task_post_fork 0", "rc exit absent"} {
 		if !has(lines, want) {
 			t.Errorf("missing %q in %q", want, lines)
@@ -327,14 +327,14 @@ func TestAgentRefusalReachesUser(t *testing.T) {
 	}
 }
 
-// The exchanges with the agent are C: a step needs no Go library, and
-// loads none (only failure=open's spool line does).
+// The exchanges with the agent are C, in slurmstepd's own thread: a step
+// starts no thread, and an old plugstack line's golib= changes nothing.
 func TestStepNeedsNoGoLibrary(t *testing.T) {
 	a := fakeagent.Start(t, func(req *pb.Request) *pb.Response { return &pb.Response{Gpus: []uint32{1, 3}} })
 	lines := slurm(t, stepEnv(), "remote", stepSequence, "socket="+a.Socket, "golib=/nonexistent/spank_gpufence_go.so")
-	if !has(lines, "rc task_init 0") || !has(lines, "env CUDA_VISIBLE_DEVICES=1") || !has(lines, "golib mapped 0") ||
+	if !has(lines, "rc task_init 0") || !has(lines, "env CUDA_VISIBLE_DEVICES=1") || !has(lines, "threads 1") ||
 		hasPrefix(lines, "error:") {
-		t.Errorf("step without the Go library: %q", lines)
+		t.Errorf("step with golib= set: %q", lines)
 	}
 	if n := len(a.Requests()); n != 2 {
 		t.Errorf("agent got %d requests, want init's and post_fork's", n)
@@ -343,8 +343,8 @@ func TestStepNeedsNoGoLibrary(t *testing.T) {
 
 func TestBadArgumentsInStepRefuseTasks(t *testing.T) {
 	lines := slurm(t, stepEnv(), "remote", stepSequence, "bogus=1")
-	if !has(lines, "rc init 0") || !has(lines, "rc task_init -1") || !has(lines, "golib mapped 0") ||
-		!hasPrefix(lines, `error: gpufence: unknown option "bogus=1" in plugstack.conf (known: socket, timeout, golib, failure, spool); refusing`) {
+	if !has(lines, "rc init 0") || !has(lines, "rc task_init -1") || !has(lines, "threads 1") ||
+		!hasPrefix(lines, `error: gpufence: unknown option "bogus=1" in plugstack.conf (known: socket, timeout, failure, spool); refusing`) {
 		t.Errorf("bad arguments in slurmstepd: %q", lines)
 	}
 }

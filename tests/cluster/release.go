@@ -441,9 +441,8 @@ func (c *Cluster) JobDirName(ctx context.Context, id string) (string, error) {
 
 // BuildPlugin compiles the SPANK entry against the release's own headers
 // (make plugin: its plugin_version is checked) into
-// <Root>/lib/gpufence/slurm-X.Y/, puts a copy of goLib (the Go half, which
-// the entry loads from its own folder) next to it and returns its path.
-func (c *Cluster) BuildPlugin(ctx context.Context, goLib string) (string, error) {
+// <Root>/lib/gpufence/slurm-X.Y/ and returns its path.
+func (c *Cluster) BuildPlugin(ctx context.Context) (string, error) {
 	mod, err := moduleRoot()
 	if err != nil {
 		return "", err
@@ -457,13 +456,6 @@ func (c *Cluster) BuildPlugin(ctx context.Context, goLib string) (string, error)
 	so := filepath.Join(dir, "spank_gpufence.so")
 	if _, err := os.Stat(so); err != nil {
 		return "", fmt.Errorf("make plugin for Slurm %s made no %s: %w", c.st.Full, so, err)
-	}
-	b, err := os.ReadFile(goLib)
-	if err != nil {
-		return "", err
-	}
-	if err := os.WriteFile(filepath.Join(dir, filepath.Base(goLib)), b, 0o644); err != nil {
-		return "", err
 	}
 	return so, nil
 }

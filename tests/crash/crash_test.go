@@ -460,7 +460,7 @@ func (r *run) burst(iter int) []*mjob {
 }
 
 func (r *run) sendProlog(j *mjob) {
-	// What the plugin sends from job_prolog (spank/goclient jobProlog).
+	// What the plugin sends from job_prolog (spank/plugin/client.c gf_client_job_prolog).
 	req := &pb.Request{Msg: &pb.Request_JobProlog{JobProlog: &pb.JobProlog{JobId: j.id, Uid: j.uid, JobGpus: j.arg}}}
 	_, err := agentclient.Call(r.n.sock, req, callTimeout)
 	switch {

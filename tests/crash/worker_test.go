@@ -89,7 +89,7 @@ func (tk task) run() answer {
 	case "park":
 		return answer{}
 	case "step":
-		// What the plugin sends from slurmstepd (spank/goclient stepStart).
+		// What the plugin sends from slurmstepd (spank/plugin/client.c gf_client_step_start).
 		req := &pb.Request{Msg: &pb.Request_StepStart{StepStart: &pb.StepStart{JobId: tk.Job, StepId: tk.Step, Uid: tk.UID, StepGpus: tk.GPUs}}}
 		resp, err := agentclient.Call(tk.Socket, req, callTimeout)
 		switch {

@@ -135,9 +135,6 @@ func TestPrivilegedAttackMetricsExhaustion(t *testing.T) {
 		t.Fatalf("no prlimit (util-linux): %v", err)
 	}
 	line := strings.Join([]string{"required", st.plugin, "socket=" + st.sock, "timeout=2", "failure=open", "spool=" + st.spool()}, " ")
-	if st.golib != "" {
-		line += " golib=" + st.golib
-	}
 	if err := st.c.WritePlugstack([]string{line}); err != nil {
 		t.Fatal(err)
 	}

@@ -44,12 +44,9 @@ type suite struct {
 	c        *cluster.Cluster
 	agent    *cluster.Process
 	gpufence string // the gpufence binary under test
-	plugin   string // the SPANK entry; spank_gpufence_go.so lies beside it
-	// golib is the Go half when it does not lie beside plugin (an
-	// installed package's build for another release than its link's).
-	golib string
-	open  string // gf-open in the cluster's root
-	sock  string
+	plugin   string // the SPANK entry
+	open     string // gf-open in the cluster's root
+	sock     string
 	// starts counts agent starts; each writes its own audit file.
 	starts     int
 	auditFiles []string
@@ -134,7 +131,7 @@ func start(t *testing.T) (*suite, error) {
 		cancel()
 		return nil, err
 	}
-	gf, goLib, err := binaries(setupCtx)
+	gf, treePlugin, err := binaries(setupCtx)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -155,7 +152,7 @@ func start(t *testing.T) (*suite, error) {
 	}
 	st.c = c
 	t.Logf("Slurm %s (%s, %s) up in %s", c.SlurmVersion(), c.Selection(), c.Kind(), time.Since(t0).Round(time.Millisecond))
-	if st.plugin, st.golib, err = pluginFor(setupCtx, c, goLib); err != nil {
+	if st.plugin, err = pluginFor(setupCtx, c, treePlugin); err != nil {
 		st.stop()
 		return nil, err
 	}
@@ -193,21 +190,18 @@ func start(t *testing.T) (*suite, error) {
 	return st, nil
 }
 
-// binaries returns the gpufence binary under test and the Go half of the
-// SPANK plugin. GPUFENCE_INSTALL_ROOT switches the suite to an installed
-// package: the files the .deb or .rpm put under that root (/ for this
-// machine, or a chroot the package was installed into). Without it, the
-// tree's bin/ is built with make.
-func binaries(ctx context.Context) (gpufence, goLib string, err error) {
+// binaries returns the gpufence binary under test and the tree's SPANK
+// entry (bin/spank_gpufence.so; "" for a package). GPUFENCE_INSTALL_ROOT
+// switches the suite to an installed package: the files the .deb or .rpm
+// put under that root (/ for this machine, or a chroot the package was
+// installed into). Without it, the tree's bin/ is built with make.
+func binaries(ctx context.Context) (gpufence, treePlugin string, err error) {
 	if r := os.Getenv("GPUFENCE_INSTALL_ROOT"); r != "" {
 		gpufence = filepath.Join(r, "usr/sbin/gpufence")
-		goLib = filepath.Join(r, "usr/lib/gpufence/spank_gpufence_go.so")
-		for _, f := range []string{gpufence, goLib} {
-			if _, err := os.Stat(f); err != nil {
-				return "", "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s: %w (is the package installed there?)", r, err)
-			}
+		if _, err := os.Stat(gpufence); err != nil {
+			return "", "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s: %w (is the package installed there?)", r, err)
 		}
-		return gpufence, goLib, nil
+		return gpufence, "", nil
 	}
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -217,38 +211,35 @@ func binaries(ctx context.Context) (gpufence, goLib string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("make build: %v\n%s", err, out)
 	}
-	return filepath.Join(root, "bin", "gpufence"), filepath.Join(root, "bin", "spank_gpufence_go.so"), nil
+	return filepath.Join(root, "bin", "gpufence"), filepath.Join(root, "bin", "spank_gpufence.so"), nil
 }
 
-// pluginFor returns the SPANK entry the cluster's release loads, and the Go
-// half's path when it does not lie beside it. From an installed package:
-// the plugin link its maintainer script made, when it points at this
-// release's build (it must resolve inside the root), else that release's
-// build in the package. From the tree: bin/spank_gpufence.so when `make
+// pluginFor returns the SPANK entry the cluster's release loads. From an
+// installed package: the plugin link its maintainer script made, when it
+// points at this release's build (it must resolve inside the root), else
+// that release's build in the package. From the tree: treePlugin when `make
 // build` compiled it against this release's headers (this machine's), else
 // a build against the release's own headers in the cluster's folder.
-func pluginFor(ctx context.Context, c *cluster.Cluster, goLib string) (plugin, golib string, err error) {
+func pluginFor(ctx context.Context, c *cluster.Cluster, treePlugin string) (string, error) {
 	want := "slurm-" + c.Release() + "/spank_gpufence.so"
 	if r := os.Getenv("GPUFENCE_INSTALL_ROOT"); r != "" {
 		link := filepath.Join(r, "usr/lib/gpufence/spank_gpufence.so")
 		if target, err := os.Readlink(link); err == nil && target == want {
 			if _, err := os.Stat(link); err != nil {
-				return "", "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s: %w", r, err)
+				return "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s: %w", r, err)
 			}
-			return link, "", nil
+			return link, nil
 		}
-		plugin = filepath.Join(r, "usr/lib/gpufence", want)
+		plugin := filepath.Join(r, "usr/lib/gpufence", want)
 		if _, err := os.Stat(plugin); err != nil {
-			return "", "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s has no build for Slurm %s: %w", r, c.Release(), err)
+			return "", fmt.Errorf("GPUFENCE_INSTALL_ROOT=%s has no build for Slurm %s: %w", r, c.Release(), err)
 		}
-		return plugin, goLib, nil
+		return plugin, nil
 	}
-	bin := filepath.Join(filepath.Dir(goLib), "spank_gpufence.so")
-	if v, err := pluginVersion(bin); err == nil && fmt.Sprintf("%d.%02d", v>>16, v>>8&0xff) == c.Release() {
-		return bin, "", nil
+	if v, err := pluginVersion(treePlugin); err == nil && fmt.Sprintf("%d.%02d", v>>16, v>>8&0xff) == c.Release() {
+		return treePlugin, nil
 	}
-	plugin, err = c.BuildPlugin(ctx, goLib)
-	return plugin, "", err
+	return c.BuildPlugin(ctx)
 }
 
 // pluginVersion reads the plugin_version symbol of a SPANK plugin file.
@@ -295,9 +286,6 @@ func (st *suite) batchAndStep(t *testing.T, name string, paths []string, jobGres
 // (key=value) are appended.
 func (st *suite) plugstackLine(extra ...string) string {
 	args := []string{"required", st.plugin, "socket=" + st.sock, "timeout=5"}
-	if st.golib != "" {
-		args = append(args, "golib="+st.golib)
-	}
 	return strings.Join(append(args, extra...), " ")
 }
 

@@ -77,7 +77,7 @@ func startMultiNode(t *testing.T) *mnSuite {
 			t.Fatal(err)
 		}
 	}
-	gf, goLib, err := binaries(ctx)
+	gf, treePlugin, err := binaries(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func startMultiNode(t *testing.T) *mnSuite {
 		}
 	})
 	t.Logf("Slurm %s (%s, %s), nodes %v, up in %s", c.SlurmVersion(), c.Selection(), c.Kind(), c.Nodes(), time.Since(t0).Round(time.Millisecond))
-	plugin, golib, err := pluginFor(ctx, c, goLib)
+	plugin, err := pluginFor(ctx, c, treePlugin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,9 +125,6 @@ func startMultiNode(t *testing.T) *mnSuite {
 	// One plugstack.conf for both nodes: the socket= folder is each
 	// node's own in its slurmd's mount namespace.
 	line := []string{"required", plugin, "socket=" + filepath.Join(c.AgentSocketDir(), "agent.sock"), "timeout=5"}
-	if golib != "" {
-		line = append(line, "golib="+golib)
-	}
 	if err := c.WritePlugstack([]string{strings.Join(line, " ")}); err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,6 @@ type entry struct {
 var want = map[string]fs.FileMode{
 	"/usr/sbin/gpufence":                                          0o755,
 	"/usr/lib/gpufence":                                           fs.ModeDir | 0o755,
-	"/usr/lib/gpufence/spank_gpufence_go.so":                      0o644,
 	"/usr/lib/gpufence/link-plugin":                               0o755,
 	"/etc/gpufence/agent.yaml":                                    0o644,
 	"/etc/slurm/plugstack.conf.d/gpufence.conf":                   0o644,
@@ -148,6 +147,14 @@ func TestPackageContents(t *testing.T) {
 				} else {
 					t.Logf("%s %s: plugin_version %#06x", format, path, v)
 				}
+			}
+			// No Go runs in slurmstepd: the only shared objects are
+			// the SPANK entries, and none carries a Go runtime.
+			if f.Type == elf.ET_DYN && path != "/usr/sbin/gpufence" && !regexp.MustCompile(`^/usr/lib/gpufence/slurm-\d+\.\d\d/spank_gpufence\.so$`).MatchString(path) {
+				t.Errorf("%s: shared object %s is not a SPANK entry of one Slurm release", format, path)
+			}
+			if strings.HasSuffix(path, ".so") && (f.Section(".go.buildinfo") != nil || f.Section(".gopclntab") != nil || bytes.Contains(data, []byte("runtime.goexit"))) {
+				t.Errorf("%s: %s carries a Go runtime", format, path)
 			}
 			if g := maxGlibc(f); g != "" && versionLess("2.34", g) {
 				t.Errorf("%s %s needs GLIBC_%s, the packages declare 2.34", format, path, g)

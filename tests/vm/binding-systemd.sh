@@ -8,7 +8,7 @@
 #
 #   make build && CGO_ENABLED=0 go build -o bin/gf-open ./tests/cmd/gf-open
 #   tests/vm/run-in-vm.sh tests/vm/binding-systemd.sh bin/gpufence bin/spank_gpufence.so \
-#       bin/spank_gpufence_go.so bin/gf-open packaging/systemd/gpufence.service packaging/systemd/gpufence.socket
+#       bin/gf-open packaging/systemd/gpufence.service packaging/systemd/gpufence.socket
 #
 # Each srun -n2 shape runs under ConstrainDevices=yes with no gpufence (the
 # oracle), then under gpufence (ConstrainDevices=no) with task_binding:

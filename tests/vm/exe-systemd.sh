@@ -6,7 +6,7 @@
 #
 #   make build && CGO_ENABLED=0 go build -o bin/gf-open ./tests/cmd/gf-open
 #   tests/vm/run-in-vm.sh tests/vm/exe-systemd.sh bin/gpufence bin/spank_gpufence.so \
-#       bin/spank_gpufence_go.so bin/gf-open packaging/systemd/gpufence.service packaging/systemd/gpufence.socket
+#       bin/gf-open packaging/systemd/gpufence.service packaging/systemd/gpufence.socket
 #
 # It fails when a job's program under /tmp (the node's /tmp, not the
 # agent's private one) is not verified, or when /usr/bin/true bound over by

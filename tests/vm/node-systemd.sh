@@ -13,7 +13,7 @@ check() { # check OUTPUT DEVICE WANT
 }
 uname -r; echo "PID1: $(cat /proc/1/comm)"
 install -d /usr/lib/gpufence
-install -m 0755 /host/gpufence /host/spank_gpufence.so /host/spank_gpufence_go.so /host/gf-open /usr/lib/gpufence/
+install -m 0755 /host/gpufence /host/spank_gpufence.so /host/gf-open /usr/lib/gpufence/
 . /host/fake-node.sh
 fake_gpu_node PlugStackConfig=/etc/slurm/plugstack.conf
 echo 'required /usr/lib/gpufence/spank_gpufence.so' > /etc/slurm/plugstack.conf

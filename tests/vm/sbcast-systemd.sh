@@ -6,7 +6,7 @@
 #
 #   make build && CGO_ENABLED=0 go build -o bin/gf-open ./tests/cmd/gf-open
 #   tests/vm/run-in-vm.sh tests/vm/sbcast-systemd.sh bin/gpufence bin/spank_gpufence.so \
-#       bin/spank_gpufence_go.so bin/gf-open packaging/systemd/gpufence.service packaging/systemd/gpufence.socket
+#       bin/gf-open packaging/systemd/gpufence.service packaging/systemd/gpufence.socket
 #
 # It fails when the job user's `sbcast -f /bin/true /dev/nvidiaN` (a GPU the
 # victim's job holds) is not refused with EPERM, when the audit file has no

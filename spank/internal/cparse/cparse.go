@@ -108,7 +108,6 @@ func cStrlen(p *C.char, n int) int {
 type Config struct {
 	Socket   string
 	TimeoutS int
-	Golib    string
 	FailOpen bool
 	Spool    string
 }
@@ -116,7 +115,7 @@ type Config struct {
 // Lengths of struct gf_config's buffers, NUL included.
 const (
 	SocketSize = len(C.struct_gf_config{}.socket)
-	PathSize   = len(C.struct_gf_config{}.golib)
+	PathSize   = len(C.struct_gf_config{}.spool)
 )
 
 // ConfigParse runs gf_config_parse on the plugstack arguments args with an
@@ -140,7 +139,6 @@ func ConfigParse(args []string, errlen int) (Config, error) {
 	return Config{
 		Socket:   cField(cfg.socket[:]),
 		TimeoutS: int(cfg.timeout_s),
-		Golib:    cField(cfg.golib[:]),
 		FailOpen: cfg.fail_open != 0,
 		Spool:    cField(cfg.spool[:]),
 	}, nil

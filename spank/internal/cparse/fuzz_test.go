@@ -136,12 +136,6 @@ func FuzzConfigParse(f *testing.F) {
 		switch {
 		case (err == nil) != (wantErr == ""):
 			t.Fatalf("%q: C %+v, %v; model %+v, %q", args, cfg, err, want, wantErr)
-		case err == nil && want.Golib == "":
-			if !strings.HasSuffix(cfg.Golib, "/spank_gpufence_go.so") {
-				t.Fatalf("%q: default golib %q", args, cfg.Golib)
-			}
-			cfg.Golib = ""
-			fallthrough
 		case err == nil:
 			if cfg != want {
 				t.Fatalf("%q: C %+v, model %+v", args, cfg, want)
@@ -155,20 +149,23 @@ func FuzzConfigParse(f *testing.F) {
 }
 
 // GFErrLen is the smallest error buffer the plugin passes gf_config_parse
-// (GPUFENCE_ERR_LEN in spank/goclient/goclient.h).
+// (GPUFENCE_ERR_LEN in spank/plugin/client.h).
 const GFErrLen = 512
 
-var options = []string{"socket", "timeout", "golib", "failure", "spool"}
+var options = []string{"socket", "timeout", "failure", "spool"}
 
-// configModel is gf_config_parse as documented in args.h; "" golib means
-// the default beside the plugin.
+// configModel is gf_config_parse as documented in args.h: golib=, of older
+// versions, is skipped whatever its value.
 func configModel(args []string) (Config, string) {
 	cfg := Config{Socket: "/run/gpufence/agent.sock", TimeoutS: 5, Spool: "/var/spool/gpufence/failopen.jsonl"}
 	seen := map[string]bool{}
 	for _, a := range args {
 		key, val, ok := strings.Cut(a, "=")
+		if ok && key == "golib" {
+			continue
+		}
 		if !ok || !slices.Contains(options, key) {
-			return Config{}, fmt.Sprintf(`unknown option "%s" in plugstack.conf (known: socket, timeout, golib, failure, spool)`, shown(a))
+			return Config{}, fmt.Sprintf(`unknown option "%s" in plugstack.conf (known: socket, timeout, failure, spool)`, shown(a))
 		}
 		if seen[key] {
 			return Config{}, fmt.Sprintf(`option "%s" given twice in plugstack.conf`, key)
@@ -176,7 +173,7 @@ func configModel(args []string) (Config, string) {
 		seen[key] = true
 		bad := fmt.Sprintf(`option "%s" in plugstack.conf: `, shown(a))
 		switch key {
-		case "socket", "golib", "spool":
+		case "socket", "spool":
 			size := PathSize
 			if key == "socket" {
 				size = SocketSize
@@ -190,8 +187,6 @@ func configModel(args []string) (Config, string) {
 			switch key {
 			case "socket":
 				cfg.Socket = val
-			case "golib":
-				cfg.Golib = val
 			default:
 				cfg.Spool = val
 			}

@@ -3,8 +3,7 @@
 // Package cwire runs the C SPANK plugin's client (spank/plugin/client.c: the
 // protocol encoding, the answer's decoding and the exchange over the agent's
 // socket) in Go tests, compiled here from the plugin's own files (symbolic
-// links, so that Go's build cache sees every change to them; goclient.h is
-// linked for the same reason, client.h finds it through -I) with the
+// links, so that Go's build cache sees every change to them) with the
 // plugin's warnings. It exists for the tests and fuzz targets that hold the
 // C encoding to the generated protobuf types and the C client to a real
 // socket; nothing else imports it.
@@ -26,7 +25,7 @@ import (
 	"unsafe"
 )
 
-// Codes and limits of client.h and goclient.h.
+// Codes and limits of client.h.
 const (
 	CodeOK          = C.GPUFENCE_OK
 	CodeRefused     = C.GPUFENCE_E_REFUSED
@@ -36,6 +35,8 @@ const (
 	MaxFrame        = C.GF_MAX_FRAME
 	CgroupLen       = C.GPUFENCE_CGROUP_LEN
 	RetryPause      = C.GF_RETRY_PAUSE_MS * time.Millisecond
+	Probe           = C.GF_PROBE_MS * time.Millisecond
+	HungWindow      = C.GF_HUNG_WINDOW_S * time.Second
 	GFTaskBindFrame = C.GF_TASK_BIND_FRAME
 )
 

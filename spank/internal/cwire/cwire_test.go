@@ -301,7 +301,9 @@ func TestFailures(t *testing.T) {
 			if elapsed > tt.timeout*3/2+time.Second {
 				t.Errorf("took %v, limit %v", elapsed, tt.timeout*3/2)
 			}
-			// The prolog and the other calls share the same conversion.
+			// The prolog and the other calls share the same conversion
+			// (with the agent not yet known hung).
+			os.Remove(tt.socket + ".hung")
 			if code2, text2 := JobProlog(tt.socket, tt.timeout, 7, 2001, nil); code2 != code || text2 != text {
 				t.Errorf("JobProlog outcome = %d %q, StepStart gave %d %q", code2, text2, code, text)
 			}
@@ -371,7 +373,9 @@ func TestRefusalIsNotRetried(t *testing.T) {
 }
 
 // One call waits at most 1.5×timeout in all, with two tries: an agent that
-// accepts and never answers (stopped, wedged) costs the step no more.
+// accepts and never answers (stopped, wedged) costs the step its timeout and
+// one short second try (a hung agent answers none; a working one answers
+// in milliseconds).
 func TestRetryBudget(t *testing.T) {
 	const timeout = time.Second
 	silent := fakeagent.Start(t, func(*pb.Request) *pb.Response { return nil })
@@ -384,8 +388,8 @@ func TestRetryBudget(t *testing.T) {
 	if got := len(silent.Requests()); got != 2 {
 		t.Errorf("agent saw %d requests, want 2", got)
 	}
-	if want := timeout * 3 / 2; elapsed < want-50*time.Millisecond || elapsed > want+250*time.Millisecond {
-		t.Errorf("silent agent: took %v, want about %v", elapsed, want)
+	if want := timeout + Probe; elapsed < want-50*time.Millisecond || elapsed > want+250*time.Millisecond {
+		t.Errorf("silent agent: took %v, want about %v (timeout, then a %v try)", elapsed, want, Probe)
 	}
 
 	// Nothing listening fails at once twice: one pause, far below the budget.
@@ -620,5 +624,104 @@ func TestTaskBindFailures(t *testing.T) {
 	}
 	if n, err := syscall.Read(pair[1], make([]byte, 1)); n != 0 || err != nil {
 		t.Errorf("peer read %d bytes, %v; want EOF (nothing sent, socket closed)", n, err)
+	}
+}
+
+// TestFailFastAfterTimeout: once a call waited its timeout for no answer,
+// the calls after it (the job's extern step, its step: other processes)
+// make one short try only, until the agent answers one; then the full
+// timeout applies again. The marker is trusted only as a regular file of
+// ours in a folder no one else may write to, with a time not ahead of the
+// clock and within the window.
+func TestFailFastAfterTimeout(t *testing.T) {
+	const timeout = time.Second
+	var answering atomic.Bool
+	a := fakeagent.Start(t, func(*pb.Request) *pb.Response {
+		if answering.Load() {
+			return &pb.Response{}
+		}
+		return nil
+	})
+	marker := a.Socket + ".hung"
+	timed := func(f func() (int, string)) (int, string, time.Duration) {
+		start := time.Now()
+		c, e := f()
+		return c, e, time.Since(start)
+	}
+	epilog := func() (int, string) { return JobEpilog(a.Socket, timeout, 7) }
+	prolog := func() (int, string) { return JobProlog(a.Socket, timeout, 7, 2001, nil) }
+
+	code, _, took := timed(epilog)
+	if code != CodeUnreachable || took < timeout {
+		t.Fatalf("first call: %d after %v, want unreachable after the %v timeout", code, took, timeout)
+	}
+	fi, err := os.Lstat(marker)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("marker after a timeout: %v %v, want a 0600 file", fi, err)
+	}
+	code, text, took := timed(prolog)
+	if code != CodeUnreachable || took > Probe+100*time.Millisecond ||
+		text != "no answer within 250ms; an exchange on this node had none within 1s less than 30s ago" {
+		t.Errorf("call after a timeout: %d %q after %v, want unreachable within %v", code, text, took, Probe)
+	}
+	t.Logf("hung agent: first call %v, the next %v", timeout+Probe, took.Round(time.Millisecond))
+
+	// The agent answers again: used at once, and the marker goes.
+	answering.Store(true)
+	if code, text, took := timed(epilog); code != CodeOK || took > Probe {
+		t.Errorf("agent back: %d %q after %v", code, text, took)
+	}
+	if _, err := os.Lstat(marker); !os.IsNotExist(err) {
+		t.Errorf("marker left after an answer: %v", err)
+	}
+	answering.Store(false)
+	if code, _, took := timed(epilog); code != CodeUnreachable || took < timeout {
+		t.Errorf("after the marker went: %d after %v, want the full %v again", code, took, timeout)
+	}
+
+	// A marker not to trust makes no call fail fast: each waits in full.
+	now := time.Now()
+	for _, tt := range []struct {
+		name  string
+		plant func(t *testing.T) string // returns the socket
+	}{
+		{"time ahead of the clock (clock set back)", func(t *testing.T) string {
+			os.Chtimes(marker, now.Add(time.Hour), now.Add(time.Hour))
+			return a.Socket
+		}},
+		{"older than the window", func(t *testing.T) string {
+			os.Chtimes(marker, now.Add(-HungWindow-5*time.Second), now.Add(-HungWindow-5*time.Second))
+			return a.Socket
+		}},
+		{"a symlink", func(t *testing.T) string {
+			os.Remove(marker)
+			target := filepath.Join(t.TempDir(), "x")
+			os.WriteFile(target, nil, 0o600)
+			if err := os.Symlink(target, marker); err != nil {
+				t.Fatal(err)
+			}
+			return a.Socket
+		}},
+		{"in a folder others may write to", func(t *testing.T) string {
+			dir := t.TempDir()
+			os.Chmod(dir, 0o777)
+			sock := filepath.Join(dir, "agent.sock")
+			fakeagent.StartAt(t, sock, func(*pb.Request) *pb.Response { return nil })
+			if err := os.WriteFile(sock+".hung", nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return sock
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			os.Remove(marker)
+			os.WriteFile(marker, nil, 0o600)
+			sock := tt.plant(t)
+			start := time.Now()
+			code, text := JobEpilog(sock, 300*time.Millisecond, 7)
+			if took := time.Since(start); code != CodeUnreachable || took < 300*time.Millisecond || text != "no answer within 300ms" {
+				t.Errorf("%d %q after %v, want the full 300ms", code, text, took)
+			}
+		})
 	}
 }

@@ -9,7 +9,7 @@
  * CONTEXT: local, remote, allocator, slurmd, job_script. STEPs: a callback
  * name without slurm_spank_ (init, job_prolog, task_post_fork, task_init,
  * exit, job_epilog), fork (fork a task child that waits, as slurmstepd's do), release (let it
- * run task_init and print its environment) or maps (is the Go library mapped?). Items come from FAKE_JOB_ID,
+ * run task_init and print its environment) or threads (how many the process runs: 1, no runtime started). Items come from FAKE_JOB_ID,
  * FAKE_STEP_ID, FAKE_UID; the job environment is this process's variables
  * prefixed JOB_. S_TASK_PID is the last forked child, else unavailable.
  */
@@ -157,19 +157,20 @@ static void print_env(const char *var)
 	printf("env %s=%s\n", var, v ? v : "(unset)");
 }
 
-static int golib_mapped(void)
+/* The process's threads: 1 unless something (a Go runtime) started more. */
+static int threads(void)
 {
-	char line[4096];
-	int found = 0;
-	FILE *f = fopen("/proc/self/maps", "r");
+	char line[256];
+	int n = -1;
+	FILE *f = fopen("/proc/self/status", "r");
 
 	if (!f)
 		return -1;
 	while (fgets(line, sizeof(line), f))
-		if (strstr(line, "spank_gpufence_go.so"))
-			found = 1;
+		if (sscanf(line, "Threads: %d", &n) == 1)
+			break;
 	fclose(f);
-	return found;
+	return n;
 }
 
 /* How many descriptors the process has open (the one that counts not included). */
@@ -229,8 +230,8 @@ int main(int argc, char **argv)
 			printf("fds %d\n", open_fds());
 			continue;
 		}
-		if (!strcmp(step, "maps")) {
-			printf("golib mapped %d\n", golib_mapped());
+		if (!strcmp(step, "threads")) {
+			printf("threads %d\n", threads());
 			continue;
 		}
 		if (!strcmp(step, "fork")) {

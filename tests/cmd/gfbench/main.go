@@ -210,7 +210,7 @@ func main() {
 	flag.BoolVar(&o.noop, "noop", false, "add the spank-noop variant: a SPANK plugin whose callbacks do nothing (what Slurm spends on a prolog/epilog plugin at all)")
 	flag.BoolVar(&o.quick, "quick", false, "check that it works: 1 round per variant, 3 runs per shape, 1 burst")
 	flag.StringVar(&o.out, "out", "build/bench.json", "JSON file for the configuration, every sample and the summary")
-	flag.StringVar(&o.bin, "bin", "bin", "folder with gpufence, spank_gpufence.so and spank_gpufence_go.so (make build)")
+	flag.StringVar(&o.bin, "bin", "bin", "folder with gpufence and spank_gpufence.so (make build)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the cluster's folder (logs) after the run")
 	flag.DurationVar(&o.srunTimeout, "srun-timeout", time.Minute, "limit for one srun (and for one burst)")
 	flag.Parse()
@@ -246,7 +246,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	agentBin := filepath.Join(bin, "gpufence")
 	plugin := filepath.Join(bin, "spank_gpufence.so")
-	for _, p := range []string{agentBin, plugin, filepath.Join(bin, "spank_gpufence_go.so")} {
+	for _, p := range []string{agentBin, plugin} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%w: run make build first", err)
 		}
@@ -337,7 +337,7 @@ func run(ctx context.Context, o options) (err error) {
 	if o.quick {
 		n = 50
 	}
-	if rep.ClientCost, err = measureClientCost(dir, filepath.Join(bin, "spank_gpufence_go.so"), n); err != nil {
+	if rep.ClientCost, err = measureClientCost(dir, n); err != nil {
 		return err
 	}
 	rep.Summaries = summarizeAll(rep.Samples)

@@ -21,14 +21,14 @@ import (
 // their GPUs, forged variables change nothing, denials are logged.
 func demo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ExitOnError)
-	bin := fs.String("bin", "bin", "folder with gpufence, spank_gpufence.so and spank_gpufence_go.so")
+	bin := fs.String("bin", "bin", "folder with gpufence and spank_gpufence.so")
 	keep := fs.Bool("keep", false, "leave the cluster running afterwards (stop it with `gfcluster down`)")
 	fs.Parse(args)
 	binDir, err := filepath.Abs(*bin)
 	if err != nil {
 		return err
 	}
-	for _, f := range []string{"gpufence", "spank_gpufence.so", "spank_gpufence_go.so"} {
+	for _, f := range []string{"gpufence", "spank_gpufence.so"} {
 		if _, err := os.Stat(filepath.Join(binDir, f)); err != nil {
 			return fmt.Errorf("%v (run `make build` first)", err)
 		}

@@ -49,7 +49,7 @@ EOC
 shipped_gpufence_node() {
 	install -d /usr/lib/gpufence /usr/sbin
 	install -m 0755 /host/gpufence /usr/sbin/gpufence
-	install -m 0755 /host/spank_gpufence.so /host/spank_gpufence_go.so /host/gf-open /usr/lib/gpufence/
+	install -m 0755 /host/spank_gpufence.so /host/gf-open /usr/lib/gpufence/
 	fake_gpu_node PlugStackConfig=/etc/slurm/plugstack.conf
 	echo 'required /usr/lib/gpufence/spank_gpufence.so' > /etc/slurm/plugstack.conf
 	install -m 0644 /host/gpufence.service /host/gpufence.socket /etc/systemd/system/

@@ -1,1 +1,0 @@
-../../goclient/goclient.h
