@@ -256,6 +256,9 @@ func (l *Late) Await(ctx context.Context) {
 	if wait <= 0 {
 		wait = 3 * time.Second
 	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(dl)-time.Second)
 	}
