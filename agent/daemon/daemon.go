@@ -126,7 +126,7 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		// Under the packaged unit the agent starts before slurmd, and
 		// slurmd -G fails until slurmd runs: it is asked again then.
 		gresConf := st.GresConf
-		d.late = &gputable.Late{Table: d.table, Log: d.log.With("component", "gputable"), Recorder: rec,
+		d.late = &gputable.Late{Table: d.table, Log: log.With("component", "gputable"), Recorder: rec,
 			Ask: func(ctx context.Context) gputable.Input { return readTableSources(ctx, cfg, gresConf) }}
 	}
 
