@@ -221,6 +221,9 @@ func (l *Late) run(ctx context.Context, done chan struct{}) {
 	close(done)
 }
 
+// Pending is the table's Pending (a nil Late waits for nothing).
+func (l *Late) Pending() bool { return l != nil && l.Table.Pending() }
+
 // Hold is the table's Hold (a nil Late holds nothing).
 func (l *Late) Hold() (release func()) {
 	if l == nil {

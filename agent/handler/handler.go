@@ -57,7 +57,11 @@ type LateTable interface {
 	Hold() (release func())
 	// Kick asks again when due; up: slurmd is seen running.
 	Kick(up bool)
+	// Pending reports whether the table still waits for slurmd's answer.
+	Pending() bool
 }
+
+func (h *Handler) pending() bool { return h.Late != nil && h.Late.Pending() }
 
 // Settings are Slurm's settings that change the answer (local numbering).
 type Settings interface {
@@ -164,9 +168,16 @@ func (h *Handler) jobProlog(ctx context.Context, m *pb.JobProlog) {
 		}
 		if err != nil {
 			j.Broken = fmt.Sprintf("job %d: SLURM_JOB_GPUS from the job prolog: %v", j.ID, err)
-		} else if g, bad := h.Table.Unknown(gpus); bad {
+		} else if g, bad := h.Table.Unknown(gpus); bad && !h.pending() {
 			j.Broken = fmt.Sprintf("job %d was given GPU %d, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", j.ID, g)
 		} else {
+			if bad {
+				// The table still waits for slurmd's answer, which may
+				// have the index: each step's devices are read from the
+				// table as it is then, and an index it lacks refuses the
+				// step.
+				log.Warn("job prolog recorded with a GPU the table does not have yet; it waits for slurmd's answer (slurmd -G)", "gpu", g)
+			}
 			j.GPUs = gpus
 		}
 	}

@@ -141,3 +141,39 @@ func TestLateAfterJobHoldsGPUs(t *testing.T) {
 		t.Errorf("log:\n%s", v.logs)
 	}
 }
+
+// TestLatePendingProlog: while slurmd -G keeps failing on an AutoDetect
+// node, a prolog's GPUs are recorded as given (not a broken job), and its
+// GPU step is refused with the table's reason; once slurmd answers, a new
+// step of the same job gets its GPU.
+func TestLatePendingProlog(t *testing.T) {
+	auto := gputable.Input{Gres: slurm.GresConf{AutoDetect: "nvml"}, GresErr: slurm.ErrNoGPUs}
+	start := auto
+	start.SlurmdErr = errBoot
+	var answer atomic.Bool
+	v, tab, l := lateEnv(t, start, func() gputable.Input {
+		if !answer.Load() {
+			return start
+		}
+		in := auto
+		in.Slurmd = slurm.SlurmdView{GPUs: files(2, 3, 0, 1)}
+		return in
+	})
+	v.prolog(1, 1000, str("0"))
+	if j, _ := v.reg.Job(1); j.Broken != "" || len(j.GPUs) != 1 {
+		t.Fatalf("job 1 recorded as %+v", j)
+	}
+	r := v.start(v.stepd(1, 0), 1, 0, 1000, str("0"))
+	if !strings.Contains(r.Error, "only slurmd knows which device each GPU index is") {
+		t.Fatalf("step 1.0 while pending: %+v", r)
+	}
+	answer.Store(true)
+	time.Sleep(20 * time.Millisecond)
+	l.Kick(false)
+	for end := time.Now().Add(5 * time.Second); tab.Pending() && time.Now().Before(end); time.Sleep(time.Millisecond) {
+	}
+	v.mustStart(1, 1, 1000, str("0"))
+	if p, _ := v.entry(stepDir(1, 1)); !same(p.GPUMinors, []uint32{2}) {
+		t.Fatalf("step 1.1's entry %+v, want slurmd's GPU 0 = minor 2", p)
+	}
+}
