@@ -130,6 +130,12 @@ vm-test: build ## production-like node in a throw-away VM: systemd, pure cgroup 
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
 	tests/vm/run-in-vm.sh tests/vm/node-systemd.sh $(BIN)/gpufence $(BIN)/spank_gpufence.so $(BIN)/gf-open
 
+.PHONY: vm-slurmd-boot-test
+vm-slurmd-boot-test: build ## the shipped units' boot order (agent before slurmd) on an AutoDetect node: the table comes from slurmd once it runs, in a throw-away VM (root; ~2 min; not in CI)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open
+	tests/vm/run-in-vm.sh tests/vm/slurmd-boot.sh $(BIN)/gpufence $(BIN)/spank_gpufence.so $(BIN)/gf-open \
+		packaging/systemd/gpufence.service packaging/systemd/gpufence.socket
+
 .PHONY: vm-package-test
 vm-package-test: package ## install the .deb in a throw-away systemd VM and check units, enforcement, doctor, removal (root; ~80 s; not in CI)
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gf-open ./tests/cmd/gf-open

@@ -86,6 +86,10 @@ type Daemon struct {
 	adopter *adopt.Adopter
 
 	mode *handler.Mode
+	// late asks slurmd again for a table made without its answer; nil
+	// when the table had it (or slurmd_gpu_table is off).
+	late     *gputable.Late
+	lateStop context.CancelFunc
 
 	// gresConf is the gres.conf the table was read beside.
 	gresConf string
@@ -122,6 +126,13 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	}
 	d.gresConf = st.GresConf
 	d.logTable(st.GresConf)
+	if d.table.Pending() {
+		// Under the packaged unit the agent starts before slurmd, and
+		// slurmd -G fails until slurmd runs: it is asked again then.
+		gresConf := st.GresConf
+		d.late = &gputable.Late{Table: d.table, Log: log.With("component", "gputable"), Recorder: rec,
+			Ask: func(ctx context.Context) gputable.Input { return readTableSources(ctx, cfg, gresConf) }}
+	}
 
 	if cfg.PinDir != "" {
 		if err := devfilter.EnsureBPFFS(cfg.PinDir); err != nil {
@@ -136,6 +147,10 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		records = d.store
 	}
 	d.reg = registry.New(records, d.log.With("component", "registry"))
+	if d.late != nil {
+		d.late.Held = d.reg.HoldsGPUs
+		d.late.Changed = d.writeState
+	}
 	var resume *events.Reported
 	if p := d.countsPath(); p != "" {
 		// What the last agent reported of the pinned counters: what the
@@ -169,6 +184,9 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 		IMEXMajor: cfg.IMEXChannelsMajor, IMEXFromSlurm: cfg.IMEXChannels == config.IMEXSlurm,
 		TaskBinding:    cfg.TaskBinding == config.TaskBindingSlurm,
 		UnconfirmedMax: cfg.AdoptUnconfirmedMax.Duration}
+	if d.late != nil {
+		d.h.Late = d.late
+	}
 	var asker adopt.Asker
 	if d.recovery != nil {
 		asker = d.recovery
@@ -193,6 +211,12 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 	if d.watch != nil {
 		d.rc.Watcher = d.watch
 	}
+	if d.late != nil {
+		d.rc.Table = d.late
+		ctx, cancel := context.WithCancel(context.Background())
+		d.lateStop = cancel
+		d.late.Start(ctx)
+	}
 
 	d.restore()
 	if d.store != nil {
@@ -202,12 +226,8 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			return nil, err
 		}
 	}
-	if cfg.StateFile != "" {
-		// Now, not at the first job: gpufence status shows the table's source.
-		if err := statefile.Write(cfg.StateFile, d.snapshot()); err != nil {
-			d.log.Error("write the state file (gpufence status reads it while the agent is down)", "file", cfg.StateFile, "err", err)
-		}
-	}
+	// Now, not at the first job: gpufence status shows the table's source.
+	d.writeState()
 	found := d.enf.FindScope()
 	if scope := found.Scope; scope != "" {
 		// Jobs already running with no record (gpufence put on a busy
@@ -315,6 +335,12 @@ func (d *Daemon) auditOrigin(o gputable.Origin, when string) {
 // audited. It returns whether the table in use is trusted.
 func (d *Daemon) ReloadGPUTable(ctx context.Context) bool {
 	in := readTableSources(ctx, d.cfg, d.gresConf)
+	if d.late != nil && d.table.Pending() {
+		// slurmd's first answer settles the table as a late one does.
+		if s := d.late.Offer(in); s.Outcome != gputable.SettleFailed && s.Outcome != "" {
+			return d.table.Untrusted() == ""
+		}
+	}
 	msg, ok := d.table.Recheck(in)
 	if ok {
 		d.log.Info("GPU table rechecked", "detail", msg)
@@ -323,12 +349,19 @@ func (d *Daemon) ReloadGPUTable(ctx context.Context) bool {
 		d.rec.Emit(audit.Record{Event: audit.EventGPUTableMismatch, Severity: audit.SeverityError,
 			Message: "at reload, Slurm's GPU table no longer matches the one in use; steps that ask for a GPU are refused", Error: "table_changed: " + msg})
 	}
-	if d.cfg.StateFile != "" {
-		if err := statefile.Write(d.cfg.StateFile, d.snapshot()); err != nil {
-			d.log.Error("write the state file", "file", d.cfg.StateFile, "err", err)
-		}
-	}
+	d.writeState()
 	return ok
+}
+
+// writeState writes the state file now (the table changed); the registry's
+// changes are written by persist.
+func (d *Daemon) writeState() {
+	if d.cfg.StateFile == "" {
+		return
+	}
+	if err := statefile.Write(d.cfg.StateFile, d.snapshot()); err != nil {
+		d.log.Error("write the state file (gpufence status reads it while the agent is down)", "file", d.cfg.StateFile, "err", err)
+	}
 }
 
 // restore takes back what an earlier agent recorded (registry.Reload):
@@ -424,6 +457,9 @@ func (d *Daemon) SetAuditOnly(on bool) error {
 func (d *Daemon) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
+		if d.lateStop != nil {
+			d.lateStop()
+		}
 		if d.persistStop != nil {
 			d.persistStop()
 			<-d.persistDone

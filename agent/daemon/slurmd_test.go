@@ -245,3 +245,39 @@ func TestPrivilegedSlurmdTableExplicitBinary(t *testing.T) {
 	}
 	tr.expect(task, 1)
 }
+
+// TestPrivilegedSlurmdTableLate: the boot order of the packaged unit on an
+// AutoDetect node: slurmd -G fails at the agent's start, then works once
+// slurmd runs. The first job's prolog asks again and waits for the answer;
+// its step opens slurmd's GPU 0 (nvidia2 here) and nothing else, the
+// state file and the audit say the table is slurmd's.
+func TestPrivilegedSlurmdTableLate(t *testing.T) {
+	tr := newTree(t)
+	n := newSlurmdNode(tr, "AutoDetect=nvml\n")
+	n.prints(1)
+	d, state := n.daemon(config.SlurmdGPUTableAuto)
+	if !d.Table().Pending() || d.Table().Untrusted() == "" {
+		t.Fatalf("at start: pending %v, untrusted %q", d.Table().Pending(), d.Table().Untrusted())
+	}
+	n.prints(0, 2, 3, 0, 1) // slurmd runs now
+	r, task := n.step(d, 1, "0")
+	if r.Error != "" || len(r.Gpus) != 1 || r.Gpus[0] != 0 {
+		t.Fatalf("step 1.0: %+v", r)
+	}
+	tr.expect(task, 2)
+	if o := d.Table().Origin(); o.Source != "slurmd -G" || d.Table().Pending() {
+		t.Fatalf("origin %+v, pending %v", o, d.Table().Pending())
+	}
+	st, _, err := statefile.Read(state)
+	if err != nil || st.GPUTable == nil || st.GPUTable.Source != "slurmd -G" || st.GPUTable.Untrusted != "" || len(st.GPUTable.GPUs) != 4 {
+		t.Fatalf("state file gpu_table: %+v, %v", st.GPUTable, err)
+	}
+	recs := tr.rec.Records(audit.EventGPUTableMismatch)
+	if len(recs) != 2 || !strings.HasPrefix(recs[0].Error, "slurmd_failed: ") || !strings.HasPrefix(recs[1].Error, "slurmd_late_switched: ") || recs[1].Severity != audit.SeverityInfo {
+		t.Fatalf("gpu_table_mismatch records %+v, want slurmd_failed then slurmd_late_switched", recs)
+	}
+	// Settled: SIGHUP now rechecks as usual.
+	if !d.ReloadGPUTable(context.Background()) {
+		t.Fatalf("recheck after the late answer: %s", d.Table().Untrusted())
+	}
+}

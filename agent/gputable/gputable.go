@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/gpufence/gpufence/agent/devices"
@@ -29,6 +30,35 @@ type Table struct {
 	// CapsMajor is the nvidia-caps major; 0: unknown, MIG slices refused.
 	CapsMajor uint32
 
+	// layout is the table in use: made at start, replaced once at most, by
+	// slurmd's late answer while no job holds a GPU (Settle).
+	layout atomic.Pointer[layout]
+	// pending: slurmd -G was asked at start and failed; Settle ends it.
+	pending atomic.Bool
+	// sources is why Slurm's sources make the table unusable now ("" when
+	// they agree): set from origin at start, again at each Recheck and
+	// Settle.
+	sources atomic.Pointer[string]
+	nvml    atomic.Pointer[nvmlView]
+	// mu orders the writers: Settle, Recheck, CheckNVML.
+	mu sync.Mutex
+	// use is read-held by a request between reading devices from the
+	// table and recording its step (Hold), and write-held while Late
+	// decides whether to replace the table: no step's entry is made from
+	// a table that was replaced under it.
+	use sync.RWMutex
+}
+
+// Hold keeps the table from being replaced until release is called: a
+// request holds it from reading the table to recording its step.
+func (t *Table) Hold() (release func()) {
+	t.use.RLock()
+	return t.use.RUnlock
+}
+
+// layout is one table's GPUs and where they came from; never changed once
+// published.
+type layout struct {
 	gpus map[int]devices.GPU
 	devs map[int]policy.Devices
 	// byMinor and byCaps attribute a device back to the indices that hold
@@ -36,15 +66,9 @@ type Table struct {
 	// of one GPU instance its access caps.
 	byMinor map[uint32][]int
 	byCaps  map[uint32][]int
-
 	// shares places shard and mps devices on GPUs (the chosen source's).
 	shares slurm.Shares
-
 	origin Origin
-	// sources is why Slurm's sources make the table unusable now ("" when
-	// they agree): set from origin at start, again at each Recheck.
-	sources atomic.Pointer[string]
-	nvml    atomic.Pointer[nvmlView]
 }
 
 // Sources of the table.
@@ -214,33 +238,55 @@ func Build(in Input, nvidiaMajor, capsMajor uint32) (*Table, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Table{NvidiaMajor: nvidiaMajor, CapsMajor: capsMajor, gpus: map[int]devices.GPU{},
-		devs: map[int]policy.Devices{}, byMinor: map[uint32][]int{}, byCaps: map[uint32][]int{}, origin: o}
-	t.shares = in.Gres.Shares
-	if o.Source == SourceSlurmd {
-		t.shares = in.Slurmd.Shares
+	r, err := resolve(gpus, o, nvidiaMajor, capsMajor)
+	if err != nil {
+		return nil, err
 	}
+	r.shares = sharesOf(in, o)
+	t := &Table{NvidiaMajor: nvidiaMajor, CapsMajor: capsMajor}
+	t.layout.Store(r)
 	t.sources.Store(&o.Untrusted)
+	t.pending.Store(!in.SlurmdOff && in.SlurmdErr != nil)
+	return t, nil
+}
+
+// sharesOf is where the chosen source places shard and mps devices.
+func sharesOf(in Input, o Origin) slurm.Shares {
+	if o.Source == SourceSlurmd {
+		return in.Slurmd.Shares
+	}
+	return in.Gres.Shares
+}
+
+func resolve(gpus []slurm.GPU, o Origin, nvidiaMajor, capsMajor uint32) (*layout, error) {
+	r := &layout{gpus: map[int]devices.GPU{}, devs: map[int]policy.Devices{}, byMinor: map[uint32][]int{},
+		byCaps: map[uint32][]int{}, origin: o}
 	if len(gpus) == 0 {
-		return t, nil
+		return r, nil
 	}
 	resolved, err := devices.Resolve(gpus, nvidiaMajor, capsMajor)
 	if err != nil {
 		return nil, fmt.Errorf("GPU table from %s: %w", o.Source, err)
 	}
 	for _, g := range resolved {
-		t.gpus[g.Index] = g
-		t.devs[g.Index] = policy.Devices{GPUMinor: g.Minor, CapsMinors: g.CapsMinors()}
-		t.byMinor[g.Minor] = append(t.byMinor[g.Minor], g.Index)
+		r.gpus[g.Index] = g
+		r.devs[g.Index] = policy.Devices{GPUMinor: g.Minor, CapsMinors: g.CapsMinors()}
+		r.byMinor[g.Minor] = append(r.byMinor[g.Minor], g.Index)
 		for _, c := range g.Caps {
-			t.byCaps[c.Minor] = append(t.byCaps[c.Minor], g.Index)
+			r.byCaps[c.Minor] = append(r.byCaps[c.Minor], g.Index)
 		}
 	}
-	return t, nil
+	return r, nil
 }
 
-// Origin says where the table came from, as chosen at start.
-func (t *Table) Origin() Origin { return t.origin }
+// Origin says where the table in use came from: as chosen at start, or
+// slurmd's when its late answer confirmed or replaced it (Settle).
+func (t *Table) Origin() Origin { return t.layout.Load().origin }
+
+// Pending reports whether the table was made without slurmd's answer
+// (slurmd -G was asked at start and failed) and no later answer settled
+// it yet.
+func (t *Table) Pending() bool { return t.pending.Load() }
 
 // Recheck compares what the sources say now (a reload) with the table in
 // use, which stays: the kernel entries of running jobs were made from
@@ -249,6 +295,8 @@ func (t *Table) Origin() Origin { return t.origin }
 // again, GPUs are given out again. It returns what was found, one
 // sentence, and whether the table is usable.
 func (t *Table) Recheck(in Input) (string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	gpus, o, err := Choose(in)
 	var why string
 	switch {
@@ -259,18 +307,12 @@ func (t *Table) Recheck(in Input) (string, bool) {
 		why = o.Untrusted
 	default:
 		cur := t.GPUs()
-		rows := make([]slurm.GPU, len(cur))
+		inUse := make([]slurm.GPU, len(cur))
 		for i, g := range cur {
-			rows[i] = g.GPU
+			inUse[i] = g.GPU
 		}
-		if i, differ := firstDifference(gpus, rows); differ {
-			side := func(t []slurm.GPU) string {
-				if i >= len(t) {
-					return "absent"
-				}
-				return strings.Join(files(t[i]), ",")
-			}
-			why = fmt.Sprintf("Slurm's GPU table (%s) changed since the agent started: GPU index %d is %s now, %s in the table in use; gpufence gives no GPU to any step until the agent restarts with the new table (systemctl restart gpufence)", o.Source, i, side(gpus), side(rows))
+		if i, differ := firstDifference(gpus, inUse); differ {
+			why = changed(o.Source, "changed since the agent started", i, gpus, inUse)
 		}
 	}
 	t.sources.Store(&why)
@@ -280,10 +322,24 @@ func (t *Table) Recheck(in Input) (string, bool) {
 	return why, false
 }
 
+// changed is the reason no GPU is given when Slurm's table (from source)
+// says another device for index i than the table in use.
+func changed(source, how string, i int, now, inUse []slurm.GPU) string {
+	side := func(t []slurm.GPU) string {
+		if i >= len(t) {
+			return "absent"
+		}
+		return strings.Join(files(t[i]), ",")
+	}
+	return fmt.Sprintf("Slurm's GPU table (%s) %s: GPU index %d is %s now, %s in the table in use; gpufence gives no GPU to any step until the agent restarts with the new table (systemctl restart gpufence)", source, how, i, side(now), side(inUse))
+}
+
 // GPUs returns the table's GPUs by index.
-func (t *Table) GPUs() []devices.GPU {
-	out := make([]devices.GPU, 0, len(t.gpus))
-	for _, g := range t.gpus {
+func (t *Table) GPUs() []devices.GPU { return t.layout.Load().sorted() }
+
+func (r *layout) sorted() []devices.GPU {
+	out := make([]devices.GPU, 0, len(r.gpus))
+	for _, g := range r.gpus {
 		out = append(out, g)
 	}
 	slices.SortFunc(out, func(a, b devices.GPU) int { return cmp.Compare(a.Index, b.Index) })
@@ -291,17 +347,18 @@ func (t *Table) GPUs() []devices.GPU {
 }
 
 // HasShares reports whether the node has gres/shard or gres/mps.
-func (t *Table) HasShares() bool { return len(t.shares) > 0 }
+func (t *Table) HasShares() bool { return len(t.layout.Load().shares) > 0 }
 
 // ShareGPU returns the GPU index that device dev of shared GRES kind
 // ("shard", "mps"), as slurmctld numbers it, is on; false when the table
 // places no such device on a GPU of its own.
 func (t *Table) ShareGPU(kind string, dev int) (int, bool) {
-	g, ok := t.shares.GPU(kind, dev)
+	l := t.layout.Load()
+	g, ok := l.shares.GPU(kind, dev)
 	if !ok {
 		return 0, false
 	}
-	if _, known := t.gpus[g]; !known {
+	if _, known := l.gpus[g]; !known {
 		return 0, false
 	}
 	return g, true
@@ -309,20 +366,21 @@ func (t *Table) ShareGPU(kind string, dev int) (int, bool) {
 
 // GPU returns index's GPU.
 func (t *Table) GPU(index int) (devices.GPU, bool) {
-	g, ok := t.gpus[index]
+	g, ok := t.layout.Load().gpus[index]
 	return g, ok
 }
 
 // Devices returns what holding gpus opens; an index the table lacks is an
 // error (the agent never guesses which device a GPU is).
 func (t *Table) Devices(gpus []int) (policy.DeviceSet, error) {
-	return policy.DevicesFor(t.devs, gpus)
+	return policy.DevicesFor(t.layout.Load().devs, gpus)
 }
 
 // Unknown returns the first of gpus the table lacks, if any.
 func (t *Table) Unknown(gpus []int) (int, bool) {
+	r := t.layout.Load()
 	for _, g := range gpus {
-		if _, ok := t.gpus[g]; !ok {
+		if _, ok := r.gpus[g]; !ok {
 			return g, true
 		}
 	}
@@ -334,12 +392,13 @@ func (t *Table) Unknown(gpus []int) (int, bool) {
 // and compute instances of one GPU instance its access minor, so an index
 // in own (the step's) wins among several, else the lowest.
 func (t *Table) Of(major, minor uint32, own []int) (devices.GPU, string, bool) {
+	r := t.layout.Load()
 	var held []int
 	switch {
 	case major == t.NvidiaMajor:
-		held = t.byMinor[minor]
+		held = r.byMinor[minor]
 	case t.CapsMajor != 0 && major == t.CapsMajor:
-		held = t.byCaps[minor]
+		held = r.byCaps[minor]
 	}
 	if len(held) == 0 {
 		return devices.GPU{}, "", false
@@ -351,7 +410,7 @@ func (t *Table) Of(major, minor uint32, own []int) (devices.GPU, string, bool) {
 			break
 		}
 	}
-	g := t.gpus[idx]
+	g := r.gpus[idx]
 	if major == t.NvidiaMajor {
 		return g, g.Path, true
 	}
@@ -374,6 +433,9 @@ type nvmlView struct {
 	// untrusted is non-empty when Slurm's table disagrees with the driver:
 	// the reason every step that asks for a GPU is refused.
 	untrusted string
+	// driver is what the driver reported, for the check of a table that
+	// replaced the one at start (Settle).
+	driver []inventory.GPU
 }
 
 // Identified is one of Slurm's GPUs as NVML identified it.
@@ -390,11 +452,17 @@ type Identified struct {
 // the agent cannot tell which device a Slurm index is, so every step that
 // would get a GPU is refused.
 func (t *Table) CheckNVML(gpus []inventory.GPU) ([]Identified, []inventory.Mismatch) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.checkNVMLLocked(gpus)
+}
+
+func (t *Table) checkNVMLLocked(gpus []inventory.GPU) ([]Identified, []inventory.Mismatch) {
 	byMinor := map[uint32]inventory.GPU{}
 	for _, g := range gpus {
 		byMinor[g.Minor] = g
 	}
-	v := &nvmlView{bySlurm: map[int]inventory.GPU{}, uuid: map[int]string{}}
+	v := &nvmlView{bySlurm: map[int]inventory.GPU{}, uuid: map[int]string{}, driver: gpus}
 	var ids []Identified
 	for _, g := range t.GPUs() {
 		n, ok := byMinor[g.Minor]
@@ -418,7 +486,7 @@ func (t *Table) CheckNVML(gpus []inventory.GPU) ([]Identified, []inventory.Misma
 			more = fmt.Sprintf(" (and %d more)", len(errs)-1)
 		}
 		v.untrusted = fmt.Sprintf("this node's GPU table (%s) does not match the NVIDIA driver: %s%s; gpufence gives no GPU to any step until they agree (see the agent's log or gpufence doctor)",
-			t.origin.Source, errs[0].Message, more)
+			t.Origin().Source, errs[0].Message, more)
 	}
 	t.nvml.Store(v)
 	return ids, ms

@@ -49,6 +49,21 @@ type Table interface {
 	GPUs() []devices.GPU
 }
 
+// LateTable asks slurmd again for a GPU table made without its answer
+// (*gputable.Late): a request that would give a GPU waits, bounded, for
+// the answer in flight, and holds the table from being replaced while it
+// reads devices from it and records its step.
+type LateTable interface {
+	Await(ctx context.Context)
+	Hold() (release func())
+	// Kick asks again when due; up: slurmd is seen running.
+	Kick(up bool)
+	// Pending reports whether the table still waits for slurmd's answer.
+	Pending() bool
+}
+
+func (h *Handler) pending() bool { return h.Late != nil && h.Late.Pending() }
+
 // Settings are Slurm's settings that change the answer (local numbering).
 type Settings interface {
 	Get() (slurm.Settings, error)
@@ -87,6 +102,9 @@ type Handler struct {
 	// binding (task_binding: slurm; scope mode only): the StepStart answer
 	// asks the plugin for each task's TaskBind.
 	TaskBinding bool
+	// Late, when set, is slurmd's answer for a table made without it; nil:
+	// the table is what it was at start.
+	Late LateTable
 
 	// verifying are the cgroups gpufence verify registered, by id.
 	verifyMu  sync.Mutex
@@ -105,15 +123,15 @@ func (h *Handler) emit(ev audit.Event, sev audit.Severity, msg string, fill func
 }
 
 // Handle answers one plugin request.
-func (h *Handler) Handle(_ context.Context, p peer.Peer, req *pb.Request) *pb.Response {
+func (h *Handler) Handle(ctx context.Context, p peer.Peer, req *pb.Request) *pb.Response {
 	var resp *pb.Response
 	var err error
 	switch m := req.Msg.(type) {
 	case *pb.Request_JobProlog:
-		h.jobProlog(m.JobProlog)
+		h.jobProlog(ctx, m.JobProlog)
 		resp = &pb.Response{}
 	case *pb.Request_StepStart:
-		resp, err = h.stepStart(p, m.StepStart)
+		resp, err = h.stepStart(ctx, p, m.StepStart)
 	case *pb.Request_StepEnd:
 		h.stepEnd(m.StepEnd.GetJobId(), m.StepEnd.GetStepId())
 		resp = &pb.Response{}
@@ -139,16 +157,28 @@ func (h *Handler) Handle(_ context.Context, p peer.Peer, req *pb.Request) *pb.Re
 
 // jobProlog records the job's trusted list, written to the store before
 // the prolog is answered.
-func (h *Handler) jobProlog(m *pb.JobProlog) {
+func (h *Handler) jobProlog(ctx context.Context, m *pb.JobProlog) {
 	j := registry.Job{ID: m.GetJobId(), UID: m.GetUid(), GPUs: []int{}, Created: time.Now()}
 	log := h.Log.With("job_id", j.ID, "uid", j.UID)
 	if m.JobGpus != nil {
 		gpus, err := gpulist.Parse(m.GetJobGpus())
+		if err == nil && len(gpus) > 0 && h.Late != nil {
+			// slurmd runs the prolog: its table is asked for now, and the
+			// list is checked against it when it comes in time.
+			h.Late.Await(ctx)
+		}
 		if err != nil {
 			j.Broken = fmt.Sprintf("job %d: SLURM_JOB_GPUS from the job prolog: %v", j.ID, err)
-		} else if g, bad := h.Table.Unknown(gpus); bad {
+		} else if g, bad := h.Table.Unknown(gpus); bad && !h.pending() {
 			j.Broken = fmt.Sprintf("job %d was given GPU %d, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", j.ID, g)
 		} else {
+			if bad {
+				// The table still waits for slurmd's answer, which may
+				// have the index: each step's devices are read from the
+				// table as it is then, and an index it lacks refuses the
+				// step.
+				log.Warn("job prolog recorded with a GPU the table does not have yet; it waits for slurmd's answer (slurmd -G)", "gpu", g)
+			}
 			j.GPUs = gpus
 		}
 	}
@@ -163,7 +193,7 @@ func (h *Handler) jobProlog(m *pb.JobProlog) {
 	log.Info("job prolog recorded", "gpus", gpulist.Format(j.GPUs))
 }
 
-func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) {
+func (h *Handler) stepStart(ctx context.Context, p peer.Peer, m *pb.StepStart) (*pb.Response, error) {
 	jobID, stepID, uid := m.GetJobId(), m.GetStepId(), m.GetUid()
 	name := fmt.Sprintf("%d.%s", jobID, policy.StepName(stepID))
 	log := h.Log.With("job_id", jobID, "step_id", policy.StepName(stepID), "uid", uid)
@@ -249,6 +279,17 @@ func (h *Handler) stepStart(p peer.Peer, m *pb.StepStart) (*pb.Response, error) 
 			return nil, fmt.Errorf("job %d has no trusted GPU list on this node (it was running when the gpufence agent started: %s); refusing to start a GPU step", jobID, j.Adopted)
 		}
 		return nil, err
+	}
+	if h.Late != nil {
+		if len(dec.GPUs) > 0 {
+			h.Late.Await(ctx)
+		} else {
+			h.Late.Kick(true)
+		}
+		// From reading the table to recording the step: slurmd's late
+		// answer replaces the table only while no step holds a GPU.
+		release := h.Late.Hold()
+		defer release()
 	}
 	if why := h.Table.Untrusted(); why != "" && len(dec.GPUs) > 0 {
 		return nil, fmt.Errorf("step %s: %s", name, why)

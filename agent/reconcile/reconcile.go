@@ -54,6 +54,10 @@ type Reconciler struct {
 	Spool    *failopen.Spool
 	Watcher  Watcher // nil: the periodic pass alone finds step ends
 	Cgroups  Cgroups // nil: this node's
+	// Table, when set, asks slurmd again for a GPU table made without its
+	// answer (*gputable.Late): at each pass, and at once when slurmd's
+	// pid file is written.
+	Table interface{ Kick(up bool) }
 }
 
 func (r *Reconciler) cgroups() Cgroups {
@@ -77,6 +81,9 @@ func (r *Reconciler) Pass() {
 	r.Handler.RetryUnconfirmed()
 	r.dropEnded(time.Now())
 	r.Enforcer.Reconcile()
+	if r.Table != nil {
+		r.Table.Kick(false)
+	}
 }
 
 // dropEnded asks slurmctld about the jobs with no step whose end is due to
@@ -157,6 +164,9 @@ func (r *Reconciler) Run(ctx context.Context, interval time.Duration) {
 			// slurmd restart): the filter goes on it now, not at the next
 			// pass.
 			r.Enforcer.RefreshSlurmd()
+			if r.Table != nil {
+				r.Table.Kick(true)
+			}
 		}
 	}
 }

@@ -265,3 +265,42 @@ func TestRun(t *testing.T) {
 		t.Error("the periodic pass did not release a vanished step")
 	}
 }
+
+// kicks counts the GPU table's late asks, by whether slurmd was seen up.
+type kicks struct {
+	mu     sync.Mutex
+	up, on int
+}
+
+func (k *kicks) Kick(up bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if up {
+		k.up++
+	} else {
+		k.on++
+	}
+}
+
+// A table made without slurmd's answer is asked for at each pass, and at
+// once (slurmd is up) when slurmd's pid file is written.
+func TestTableKicked(t *testing.T) {
+	v := newEnv(t)
+	k := &kicks{}
+	v.rc.Table = k
+	v.rc.Pass()
+	w := watch{gone: make(chan uint64), made: make(chan string)}
+	v.rc.Watcher = w
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { v.rc.Run(ctx, time.Hour); close(done) }()
+	w.made <- "/run/slurmd.pid"
+	w.made <- "/run/slurmd.pid" // sync: the first was handled
+	cancel()
+	<-done
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.on != 1 || k.up < 1 {
+		t.Errorf("kicks: %d at passes (want 1), %d for slurmd up (want ≥ 1)", k.on, k.up)
+	}
+}

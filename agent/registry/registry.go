@@ -560,6 +560,25 @@ func (r *Registry) Steps() []Step {
 	return out
 }
 
+// HoldsGPUs reports whether a kernel entry was made from the GPU table: a
+// registered step holds a GPU or is audit-only, or an adopted job is not
+// confirmed yet (its steps' lists may change with the table).
+func (r *Registry) HoldsGPUs() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, j := range r.jobs {
+		if j.Unconfirmed != "" {
+			return true
+		}
+		for _, s := range j.steps {
+			if len(s.GPUs) > 0 || s.AuditOnly {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // StepsOf returns job id's registered steps.
 func (r *Registry) StepsOf(id uint32) []Step {
 	r.mu.Lock()
