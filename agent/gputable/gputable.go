@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/policy"
@@ -86,7 +87,7 @@ type Origin struct {
 	// Severity is info (the sources agree, or only one was asked), warning
 	// (they differ, or slurmd -G failed, in a way that gives no job another
 	// GPU) or error (Untrusted is set).
-	Severity string `json:"severity"`
+	Severity audit.Severity `json:"severity"`
 	// Kind names a disagreement for audit records: slurmd_failed,
 	// slurmd_fewer, sources_differ; "" when there is none.
 	Kind string `json:"kind,omitempty"`
@@ -100,11 +101,12 @@ type Origin struct {
 	AutoDetect string `json:"autodetect,omitempty"`
 }
 
-// Severities of an Origin.
+// Severities of an Origin: the audit records' (one severity type in the
+// agent).
 const (
-	SeverityInfo    = "info"
-	SeverityWarning = "warning"
-	SeverityError   = "error"
+	SeverityInfo    = audit.SeverityInfo
+	SeverityWarning = audit.SeverityWarning
+	SeverityError   = audit.SeverityError
 )
 
 // Input is what the table is chosen from.

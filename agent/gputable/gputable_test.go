@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/slurm"
 )
 
@@ -46,7 +47,8 @@ func TestChoose(t *testing.T) {
 		name                      string
 		in                        Input
 		want                      []string
-		source, severity, kind    string
+		source, kind              string
+		severity                  audit.Severity
 		untrusted, detail, errStr string
 	}{
 		{name: "agree", in: Input{Gres: static(0, 1), Slurmd: view(0, 1)},

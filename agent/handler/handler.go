@@ -169,14 +169,15 @@ func (h *Handler) jobProlog(ctx context.Context, m *pb.JobProlog) {
 		}
 		if err != nil {
 			j.Broken = fmt.Sprintf("job %d: SLURM_JOB_GPUS from the job prolog: %v", j.ID, err)
-		} else if g, bad := h.Table.Unknown(gpus); bad && !h.pending() {
+		} else if g, bad := h.Table.Unknown(gpus); bad && !(h.pending() && h.Table.Untrusted() != "") {
 			j.Broken = fmt.Sprintf("job %d was given GPU %d, which is not in this node's GPU table (gres.conf); refusing to guess which device it is", j.ID, g)
 		} else {
 			if bad {
-				// The table still waits for slurmd's answer, which may
-				// have the index: each step's devices are read from the
-				// table as it is then, and an index it lacks refuses the
-				// step.
+				// Only slurmd knows the GPUs (AutoDetect) and its answer
+				// is still awaited: the table gives no GPU to any step
+				// until it comes (Untrusted), and a step of a job whose
+				// list names an index the table then lacks is refused
+				// (stepStart), as a broken job's would be.
 				log.Warn("job prolog recorded with a GPU the table does not have yet; it waits for slurmd's answer (slurmd -G)", "gpu", g)
 			}
 			j.GPUs = gpus
@@ -293,6 +294,14 @@ func (h *Handler) stepStart(ctx context.Context, p peer.Peer, m *pb.StepStart) (
 	}
 	if why := h.Table.Untrusted(); why != "" && len(dec.GPUs) > 0 {
 		return nil, fmt.Errorf("step %s: %s", name, why)
+	}
+	if known && !j.NoProlog && j.Unconfirmed == "" {
+		// A list recorded while the table waited for slurmd (jobProlog)
+		// is checked against the table as it is now: a GPU it lacks
+		// fails the job's steps, as at the prolog.
+		if g, bad := h.Table.Unknown(j.GPUs); bad {
+			return nil, fmt.Errorf("job %d was given GPU %d, which is not in this node's GPU table; refusing to guess which device it is", j.ID, g)
+		}
 	}
 	if dec.Note != "" {
 		log.Warn(dec.Note)

@@ -177,3 +177,53 @@ func TestLatePendingProlog(t *testing.T) {
 		t.Fatalf("step 1.1's entry %+v, want slurmd's GPU 0 = minor 2", p)
 	}
 }
+
+// TestLatePendingUnknownGPU: the leniency of TestLatePendingProlog is for
+// a table that gives no GPU until slurmd answers (AutoDetect). Where the
+// pending table is gres.conf's and trusted, a prolog naming a GPU it lacks
+// is a broken job as ever (tests/crash holds this too); and a list
+// recorded while pending that still names a GPU the settled table lacks
+// refuses the job's steps, even one that asks only for a GPU the table has.
+func TestLatePendingUnknownGPU(t *testing.T) {
+	t.Run("trusted gres.conf", func(t *testing.T) {
+		start := gputable.Input{Gres: slurm.GresConf{GPUs: files(0, 1, 2, 3)}, SlurmdErr: errBoot}
+		v, _, _ := lateEnv(t, start, func() gputable.Input { return start })
+		v.prolog(1, 1000, str("1,9"))
+		if j, _ := v.reg.Job(1); j.Broken == "" {
+			t.Fatalf("job 1 with GPU 9 beyond a 4-GPU table recorded as %+v, want broken", j)
+		}
+		if r := v.start(v.stepd(1, 0), 1, 0, 1000, str("1")); !strings.Contains(r.Error, "GPU 9") {
+			t.Fatalf("step 1.0 of a broken job: %+v", r)
+		}
+	})
+	t.Run("AutoDetect, settled without the GPU", func(t *testing.T) {
+		auto := gputable.Input{Gres: slurm.GresConf{AutoDetect: "nvml"}, GresErr: slurm.ErrNoGPUs}
+		start := auto
+		start.SlurmdErr = errBoot
+		var answer atomic.Bool
+		v, tab, l := lateEnv(t, start, func() gputable.Input {
+			if !answer.Load() {
+				return start
+			}
+			in := auto
+			in.Slurmd = slurm.SlurmdView{GPUs: files(2, 3, 0, 1)}
+			return in
+		})
+		v.prolog(1, 1000, str("1,9"))
+		answer.Store(true)
+		time.Sleep(20 * time.Millisecond)
+		l.Kick(false)
+		for end := time.Now().Add(5 * time.Second); tab.Pending() && time.Now().Before(end); time.Sleep(time.Millisecond) {
+		}
+		if tab.Pending() {
+			t.Fatal("the table did not settle")
+		}
+		r := v.start(v.stepd(1, 0), 1, 0, 1000, str("1"))
+		if !strings.Contains(r.Error, "GPU 9") {
+			t.Fatalf("step 1.0 asking GPU 1 of a job given GPUs 1,9 with a 4-GPU table: %+v, want refused naming GPU 9", r)
+		}
+		if _, ok := v.entry(stepDir(1, 0)); ok {
+			t.Fatal("a refused step has a kernel entry")
+		}
+	})
+}
