@@ -40,6 +40,7 @@ var want = map[string]fs.FileMode{
 	"/usr/share/gpufence/cloudwatch/amazon-cloudwatch-agent.json": 0o644,
 	"/usr/share/gpufence/cloudwatch/prometheus.yaml":              0o644,
 	"/usr/share/gpufence/cloudwatch/idle-gpu-alarm.json":          0o644,
+	"/usr/share/gpufence/cloudwatch/gpufence-dashboard.json":      0o644,
 	"/etc/logrotate.d/gpufence":                                   0o644,
 	"/usr/lib/tmpfiles.d/gpufence.conf":                           0o644,
 	"/usr/share/man/man8/gpufence.8.gz":                           0o644,
