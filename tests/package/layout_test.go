@@ -40,6 +40,7 @@ var want = map[string]fs.FileMode{
 	"/usr/share/gpufence/cloudwatch/amazon-cloudwatch-agent.json": 0o644,
 	"/usr/share/gpufence/cloudwatch/prometheus.yaml":              0o644,
 	"/usr/share/gpufence/cloudwatch/idle-gpu-alarm.json":          0o644,
+	"/usr/share/gpufence/cloudwatch/gpufence-dashboard.json":      0o644,
 	"/etc/logrotate.d/gpufence":                                   0o644,
 	"/usr/lib/tmpfiles.d/gpufence.conf":                           0o644,
 	"/usr/share/man/man8/gpufence.8.gz":                           0o644,
@@ -110,8 +111,16 @@ func TestPackageContents(t *testing.T) {
 	}
 
 	// The license: rpm's header and %license file, the deb's copyright.
-	if out, err := exec.Command("rpm", "-qp", "--qf", "%{LICENSE}", p.rpm).Output(); err != nil || string(out) != "Apache-2.0" {
-		t.Errorf("rpm License %q (%v), want Apache-2.0", out, err)
+	// The BPF object is GPL-2.0-only OR BSD-2-Clause (its SPDX header and
+	// license string), the Go modules linked in BSD-3-Clause or MIT.
+	const rpmLicense = "Apache-2.0 AND (GPL-2.0-only OR BSD-2-Clause) AND BSD-3-Clause AND MIT"
+	if out, err := exec.Command("rpm", "-qp", "--qf", "%{LICENSE}", p.rpm).Output(); err != nil || string(out) != rpmLicense {
+		t.Errorf("rpm License %q (%v), want %s", out, err, rpmLicense)
+	}
+	if src, err := os.ReadFile(filepath.Join(repoRoot(t), "bpf/devfilter/devfilter.bpf.c")); err != nil ||
+		!strings.Contains(string(src), "SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)") ||
+		!strings.Contains(string(src), `SEC("license") = "Dual BSD/GPL"`) {
+		t.Errorf("devfilter.bpf.c's license is no longer (GPL-2.0-only OR BSD-2-Clause) / \"Dual BSD/GPL\" (%v): update the rpm License", err)
 	}
 	if e, ok := rpm["/usr/share/licenses/gpufence/LICENSE"]; !ok || e.mode != 0o644 {
 		t.Errorf("rpm: /usr/share/licenses/gpufence/LICENSE missing or not 0644 (%v)", e.mode)
