@@ -3,7 +3,6 @@
 package audit
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +18,9 @@ type fileSink struct {
 	mu   sync.Mutex
 	f    *os.File
 	size int64
+	// chain links each record to the one written before it in the same
+	// run (chain.go); it survives Reopen, so a run spans rotated files.
+	chain chainState
 }
 
 func openFile(path string) (*fileSink, error) {
@@ -85,13 +87,12 @@ func fileKind(m os.FileMode) string {
 func (s *fileSink) Name() string { return "file" }
 
 func (s *fileSink) Write(r *Record) error {
-	b, err := json.Marshal(r)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, hash, err := chainLine(r, s.chain.prev(r.RunID))
 	if err != nil {
 		return fmt.Errorf("encode record %d: %w", r.Seq, err)
 	}
-	b = append(b, '\n')
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.f == nil {
 		if err := s.open(); err != nil {
 			return err
@@ -106,6 +107,7 @@ func (s *fileSink) Write(r *Record) error {
 		return fmt.Errorf("write %s: %w", s.path, err)
 	}
 	s.size += int64(n)
+	s.chain.advance(r.RunID, hash)
 	return nil
 }
 

@@ -17,7 +17,10 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-const testBootID = "9663521c-8306-485f-8bae-9f1dc2d1b46b"
+const (
+	testBootID = "9663521c-8306-485f-8bae-9f1dc2d1b46b"
+	testRunID  = "5f3c9a1e7b2d4c6a8e0f1a2b3c4d5e6f"
+)
 
 var (
 	schemaOnce sync.Once

@@ -65,6 +65,7 @@ func journalFields(r *Record) []journalField {
 		{"SYSLOG_IDENTIFIER", "gpufence"},
 		{"GPUFENCE_SCHEMA_VERSION", r.SchemaVersion},
 		{"GPUFENCE_SEQ", strconv.FormatUint(r.Seq, 10)},
+		{"GPUFENCE_RUN_ID", r.RunID},
 		{"GPUFENCE_BOOT_ID", r.BootID},
 		{"GPUFENCE_TIME", r.Time.UTC().Format(time.RFC3339Nano)},
 		{"GPUFENCE_EVENT", string(r.Event)},

@@ -3,6 +3,8 @@
 package audit
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,6 +44,9 @@ type Options struct {
 	JournalSocket string
 	// BootID overrides /proc/sys/kernel/random/boot_id (tests).
 	BootID string
+	// RunID overrides the random run id made by New (tests); 32 lower-case
+	// hex digits.
+	RunID string
 
 	testWriters []writer
 	// testStall, when set, runs before each record is dispatched (tests
@@ -76,6 +81,7 @@ type Pipeline struct {
 	opts   Options
 	log    *slog.Logger
 	bootID string
+	runID  string
 
 	mu     sync.RWMutex // guards closed against Emit's send
 	closed bool
@@ -141,6 +147,16 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 			return nil, fmt.Errorf("audit: read boot id: %w", err)
 		}
 		p.bootID = strings.TrimSpace(string(b))
+	}
+	p.runID = opts.RunID
+	if p.runID == "" {
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("audit: make run id: %w", err)
+		}
+		p.runID = hex.EncodeToString(b[:])
+	} else if !validRunID(p.runID) {
+		return nil, fmt.Errorf("audit: run id %q is not 32 lower-case hex digits", p.runID)
 	}
 	var writers []writer
 	fail := func(err error) (*Pipeline, error) {
@@ -248,6 +264,9 @@ func (p *Pipeline) Reopen() error {
 	return errors.Join(errs...)
 }
 
+// RunID is this pipeline's run id, in every record it numbers.
+func (p *Pipeline) RunID() string { return p.runID }
+
 // Stats returns counts since New.
 func (p *Pipeline) Stats() Stats {
 	st := Stats{
@@ -329,6 +348,8 @@ func (p *Pipeline) dispatch() {
 func (p *Pipeline) fill(r *Record) {
 	r.SchemaVersion = SchemaVersion
 	r.BootID = p.bootID
+	r.RunID = p.runID
+	r.PrevHash, r.Hash = "", ""
 	if r.Time.IsZero() {
 		r.Time = time.Now()
 	}
