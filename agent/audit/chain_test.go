@@ -237,3 +237,17 @@ func TestVerifyUsage(t *testing.T) {
 		t.Errorf("legacy records: rc %d %q", rc, out)
 	}
 }
+
+func TestAccessTimeWrittenUTC(t *testing.T) {
+	opts := testOptions(t)
+	p, err := New(opts, nil)
+	must(t, err)
+	p.Emit(sampleRecords()[3])
+	must(t, p.Close())
+	b, err := os.ReadFile(opts.File)
+	must(t, err)
+	if !bytes.Contains(b, []byte(`"access_time":"2026-11-29T07:00:00.000000005Z"`)) {
+		t.Fatalf("access_time not in UTC with nanoseconds: %s", b)
+	}
+	readRecords(t, opts.File) // the schema accepts it
+}

@@ -84,6 +84,9 @@ func journalFields(r *Record) []journalField {
 			f = append(f, journalField{name, strconv.FormatUint(v, 10)})
 		}
 	}
+	if !r.AccessTime.IsZero() {
+		add("GPUFENCE_ACCESS_TIME", r.AccessTime.UTC().Format(time.RFC3339Nano))
+	}
 	add("GPUFENCE_DECISION", r.Decision)
 	add("GPUFENCE_POLICY_MODE", r.PolicyMode)
 	num("GPUFENCE_JOB_ID", uint64(r.JobID))

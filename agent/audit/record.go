@@ -152,6 +152,10 @@ type Record struct {
 	AgentVersion string    `json:"agent_version"`
 	Message      string    `json:"message"`
 
+	// AccessTime (gpu_access) is the kernel's time of the access: the BPF
+	// program's CLOCK_MONOTONIC (bpf_ktime_get_ns) converted to wall clock.
+	AccessTime time.Time `json:"access_time,omitzero"`
+
 	Decision   string `json:"decision,omitempty"`
 	PolicyMode string `json:"policy_mode,omitempty"`
 	JobID      uint32 `json:"job_id,omitempty"`
@@ -298,5 +302,8 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	type plain Record
 	p := plain(r)
 	p.Time = p.Time.UTC()
+	if !p.AccessTime.IsZero() {
+		p.AccessTime = p.AccessTime.UTC()
+	}
 	return json.Marshal(p)
 }
