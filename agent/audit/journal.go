@@ -84,6 +84,11 @@ func journalFields(r *Record) []journalField {
 			f = append(f, journalField{name, strconv.FormatUint(v, 10)})
 		}
 	}
+	if h := r.Host; h != nil {
+		add("GPUFENCE_MACHINE_ID", h.MachineID)
+		add("GPUFENCE_FQDN", h.FQDN)
+		add("GPUFENCE_EC2_INSTANCE_ID", h.EC2InstanceID)
+	}
 	if !r.AccessTime.IsZero() {
 		add("GPUFENCE_ACCESS_TIME", r.AccessTime.UTC().Format(time.RFC3339Nano))
 	}

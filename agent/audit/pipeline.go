@@ -44,6 +44,8 @@ type Options struct {
 	JournalSocket string
 	// BootID overrides /proc/sys/kernel/random/boot_id (tests).
 	BootID string
+	// Host identifies the machine in every record (HostIdentity).
+	Host Host
 	// RunID overrides the random run id made by New (tests); 32 lower-case
 	// hex digits.
 	RunID string
@@ -349,6 +351,10 @@ func (p *Pipeline) fill(r *Record) {
 	r.SchemaVersion = SchemaVersion
 	r.BootID = p.bootID
 	r.RunID = p.runID
+	if r.Host == nil && !p.opts.Host.zero() {
+		h := p.opts.Host
+		r.Host = &h
+	}
 	r.PrevHash, r.Hash = "", ""
 	if r.Time.IsZero() {
 		r.Time = time.Now()
@@ -377,6 +383,9 @@ func printable(r *Record) {
 	for _, f := range []*string{&r.Node, &r.Cluster, &r.AgentVersion, &r.Message, &r.StepID, &r.User,
 		&r.Comm, &r.Exe, &r.ExeNow, &r.ExeNamespacePath, &r.ExeDev, &r.Cgroup, &r.Reason, &r.Error} {
 		*f = Printable(*f)
+	}
+	if h := r.Host; h != nil && (Printable(h.FQDN) != h.FQDN || Printable(h.MachineID) != h.MachineID || Printable(h.EC2InstanceID) != h.EC2InstanceID) {
+		r.Host = &Host{MachineID: Printable(h.MachineID), FQDN: Printable(h.FQDN), EC2InstanceID: Printable(h.EC2InstanceID)}
 	}
 	if r.Device != nil && Printable(r.Device.Path) != r.Device.Path {
 		d := *r.Device

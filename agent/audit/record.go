@@ -150,7 +150,10 @@ type Record struct {
 	Node         string    `json:"node"`
 	Cluster      string    `json:"cluster"`
 	AgentVersion string    `json:"agent_version"`
-	Message      string    `json:"message"`
+	// Host identifies the machine beyond the node name (machine id, FQDN,
+	// EC2 instance id), where the agent learnt them at its start.
+	Host    *Host  `json:"host,omitempty"`
+	Message string `json:"message"`
 
 	// AccessTime (gpu_access) is the kernel's time of the access: the BPF
 	// program's CLOCK_MONOTONIC (bpf_ktime_get_ns) converted to wall clock.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -212,6 +213,12 @@ type Audit struct {
 	// QueueSize bounds the records waiting for the sinks; a full queue
 	// drops and counts.
 	QueueSize int `yaml:"queue_size"`
+	// EC2InstanceID is whether the agent asks EC2's metadata service
+	// (IMDSv2) for the instance id, once at start, for every record's
+	// host: auto (where the firmware says Amazon EC2), on, off.
+	EC2InstanceID string `yaml:"ec2_instance_id"`
+	// IMDSEndpoint is the metadata service's base URL.
+	IMDSEndpoint string `yaml:"imds_endpoint"`
 }
 
 // DefaultMetricsListen is where the metrics endpoint listens unless
@@ -345,6 +352,8 @@ func Default() Config {
 			RateBurst:     5,
 			FlushInterval: Duration{5 * time.Second},
 			QueueSize:     4096,
+			EC2InstanceID: "auto",
+			IMDSEndpoint:  "http://169.254.169.254",
 		},
 	}
 }
@@ -567,6 +576,14 @@ func (c Config) Validate(source string) error {
 	}
 	if a.QueueSize < 16 || a.QueueSize > 1<<20 {
 		bad("audit.queue_size", "%d must be between 16 and 1048576", a.QueueSize)
+	}
+	switch a.EC2InstanceID {
+	case "auto", "on", "off":
+	default:
+		bad("audit.ec2_instance_id", "%q is not one of auto, on, off", a.EC2InstanceID)
+	}
+	if u, err := url.Parse(a.IMDSEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		bad("audit.imds_endpoint", "%q is not a base URL such as http://169.254.169.254", a.IMDSEndpoint)
 	}
 	return errors.Join(errs...)
 }

@@ -281,9 +281,15 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 			cluster = st.ClusterName
 		}
 	}
+	// Bounded to one second in all (DNS and IMDS): what it cannot learn
+	// is left out of the records, never a reason not to start.
+	host, herr := audit.HostIdentity(audit.HostOptions{IMDS: cfg.Audit.EC2InstanceID, IMDSEndpoint: cfg.Audit.IMDSEndpoint})
+	if herr != nil {
+		log.Warn("host identity for the audit records is incomplete", "err", herr, "machine_id", host.MachineID, "fqdn", host.FQDN, "ec2_instance_id", host.EC2InstanceID)
+	}
 	rec, err := audit.New(audit.Options{
 		File: cfg.Audit.File, Journald: cfg.Audit.Journald, Syslog: cfg.Audit.Syslog, QueueSize: cfg.Audit.QueueSize,
-		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version,
+		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version, Host: host,
 	}, log.With("component", "audit"))
 	if err != nil {
 		return fmt.Errorf("audit: %w", err)
