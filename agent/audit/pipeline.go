@@ -25,6 +25,11 @@ const DefaultJournalSocket = "/run/systemd/journal/socket"
 type Options struct {
 	// File is the JSON Lines path; "" disables the file sink.
 	File string
+	// FileMode is the file's mode (DefaultFileMode when 0); FileGroup, a
+	// group name or number, is its group (root's when empty), and its
+	// folder's unless others may pass that already.
+	FileMode  os.FileMode
+	FileGroup string
 	// Journald is "auto" (on when JournalSocket exists), "on" or "off"; "" means "auto".
 	Journald string
 	// Syslog is "" (off), "unix:///dev/log", "unixgram:///path" or "tcp://host:port".
@@ -168,7 +173,15 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 		return nil, err
 	}
 	if opts.File != "" {
-		w, err := openFile(opts.File)
+		gid := -1
+		if opts.FileGroup != "" {
+			g, err := lookupGroup(opts.FileGroup)
+			if err != nil {
+				return fail(fmt.Errorf("audit file sink: file_group: %w", err))
+			}
+			gid = g
+		}
+		w, err := openFile(opts.File, opts.FileMode, gid)
 		if err != nil {
 			return fail(fmt.Errorf("audit file sink: %w", err))
 		}

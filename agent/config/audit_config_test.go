@@ -22,3 +22,26 @@ func TestAuditHostIdentityConfig(t *testing.T) {
 		loadYAML(t, body, []string{want})
 	}
 }
+
+func TestAuditFileModeAndGroup(t *testing.T) {
+	c, ok := loadYAML(t, "", nil)
+	if ok && (c.Audit.AuditFileMode() != 0o640 || c.Audit.FileGroup != "") {
+		t.Errorf("defaults: mode %v group %q", c.Audit.AuditFileMode(), c.Audit.FileGroup)
+	}
+	// Written as YAML would: a quoted string or a bare number with a leading 0.
+	for _, body := range []string{"audit:\n  file_mode: \"0600\"\n  file_group: adm\n", "audit:\n  file_mode: 0600\n  file_group: adm\n"} {
+		c, ok = loadYAML(t, body, nil)
+		if ok && (c.Audit.AuditFileMode() != 0o600 || c.Audit.FileGroup != "adm") {
+			t.Errorf("%q: mode %v group %q", body, c.Audit.AuditFileMode(), c.Audit.FileGroup)
+		}
+	}
+	for body, want := range map[string]string{
+		"audit:\n  file_mode: rw-r-----\n": `audit.file_mode: "rw-r-----" is not an octal mode`,
+		"audit:\n  file_mode: 0660\n":      "audit.file_mode: mode 0660: the audit file must be 0600 plus read",
+		"audit:\n  file_mode: 0750\n":      "audit.file_mode: mode 0750",
+		"audit:\n  file_mode: 0440\n":      "audit.file_mode: mode 0440",
+		"audit:\n  file_group: \"a b\"\n":  `audit.file_group: "a b" is not a group name`,
+	} {
+		loadYAML(t, body, []string{want})
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/gpufence/gpufence/agent/audit"
 )
 
 // DefaultPath is where packages install the configuration file.
@@ -219,6 +221,17 @@ type Audit struct {
 	EC2InstanceID string `yaml:"ec2_instance_id"`
 	// IMDSEndpoint is the metadata service's base URL.
 	IMDSEndpoint string `yaml:"imds_endpoint"`
+	// FileGroup is the audit file's group (name or number; empty: root's),
+	// for a log forwarder that runs as its own user in that group.
+	FileGroup string `yaml:"file_group"`
+	// FileMode is the audit file's mode, in octal (default 0640).
+	FileMode string `yaml:"file_mode"`
+}
+
+// AuditFileMode is audit.file_mode as a mode (Validate has checked it).
+func (a Audit) AuditFileMode() os.FileMode {
+	n, _ := strconv.ParseUint(a.FileMode, 8, 32)
+	return os.FileMode(n)
 }
 
 // DefaultMetricsListen is where the metrics endpoint listens unless
@@ -353,6 +366,7 @@ func Default() Config {
 			FlushInterval: Duration{5 * time.Second},
 			QueueSize:     4096,
 			EC2InstanceID: "auto",
+			FileMode:      "0640",
 			IMDSEndpoint:  "http://169.254.169.254",
 		},
 	}
@@ -576,6 +590,14 @@ func (c Config) Validate(source string) error {
 	}
 	if a.QueueSize < 16 || a.QueueSize > 1<<20 {
 		bad("audit.queue_size", "%d must be between 16 and 1048576", a.QueueSize)
+	}
+	if n, err := strconv.ParseUint(a.FileMode, 8, 32); err != nil {
+		bad("audit.file_mode", "%q is not an octal mode such as 0640", a.FileMode)
+	} else if err := audit.CheckFileMode(os.FileMode(n)); err != nil {
+		bad("audit.file_mode", "%v", err)
+	}
+	if a.FileGroup != "" && strings.ContainsFunc(a.FileGroup, func(r rune) bool { return r <= ' ' || r == ':' || r == '/' || r == 0x7f }) {
+		bad("audit.file_group", "%q is not a group name or number", a.FileGroup)
 	}
 	switch a.EC2InstanceID {
 	case "auto", "on", "off":
