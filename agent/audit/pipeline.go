@@ -32,8 +32,10 @@ type Options struct {
 	FileGroup string
 	// Journald is "auto" (on when JournalSocket exists), "on" or "off"; "" means "auto".
 	Journald string
-	// Syslog is "" (off), "unix:///dev/log", "unixgram:///path" or "tcp://host:port".
-	Syslog string
+	// Syslog is "" (off), "unix:///dev/log", "unixgram:///path",
+	// "tcp://host:port" or "tls://host:port" (RFC 5425, SyslogTLS).
+	Syslog    string
+	SyslogTLS SyslogTLS
 	// QueueSize bounds the queue between Emit and the sinks (default 4096).
 	QueueSize int
 	// SinkQueueSize bounds each sink's own queue (default 1024).
@@ -205,7 +207,7 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 		return fail(fmt.Errorf("audit: journald: %q is not auto, on or off", opts.Journald))
 	}
 	if opts.Syslog != "" {
-		w, err := openSyslog(opts.Syslog, opts.Node)
+		w, err := openSyslog(opts.Syslog, opts.Node, opts.SyslogTLS)
 		if err != nil {
 			return fail(fmt.Errorf("audit syslog sink: %w", err))
 		}

@@ -45,3 +45,18 @@ func TestAuditFileModeAndGroup(t *testing.T) {
 		loadYAML(t, body, []string{want})
 	}
 }
+
+func TestAuditSyslogTLSConfig(t *testing.T) {
+	c, ok := loadYAML(t, "audit:\n  syslog: tls://logs.example.org:6514\n  syslog_tls_ca: /etc/gpufence/ca.pem\n  syslog_tls_server_name: logs.example.org\n", nil)
+	if ok && (c.Audit.Syslog != "tls://logs.example.org:6514" || c.Audit.SyslogTLSCA != "/etc/gpufence/ca.pem") {
+		t.Errorf("values: %+v", c.Audit)
+	}
+	for body, want := range map[string]string{
+		"audit:\n  syslog: tcp://logs:514\n  syslog_tls_ca: /etc/ca.pem\n":   `audit.syslog_tls_ca: is set but audit.syslog "tcp://logs:514" is not a tls:// target`,
+		"audit:\n  syslog: tls://logs:6514\n  syslog_tls_ca: ca.pem\n":       `audit.syslog_tls_ca: "ca.pem" must be an absolute path`,
+		"audit:\n  syslog: tls://logs:6514\n  syslog_tls_cert: /etc/c.pem\n": "needs both audit.syslog_tls_cert and audit.syslog_tls_key",
+		"audit:\n  syslog: udp://logs:514\n":                                 "tls://host:port",
+	} {
+		loadYAML(t, body, []string{want})
+	}
+}

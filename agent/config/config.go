@@ -221,6 +221,15 @@ type Audit struct {
 	EC2InstanceID string `yaml:"ec2_instance_id"`
 	// IMDSEndpoint is the metadata service's base URL.
 	IMDSEndpoint string `yaml:"imds_endpoint"`
+	// SyslogTLSCA, SyslogTLSCert, SyslogTLSKey and SyslogTLSServerName
+	// configure a tls:// syslog target (RFC 5425): the CA file that
+	// checks the collector's certificate (the system's roots when empty),
+	// a client certificate and key when the collector asks for one, the
+	// name the certificate must carry (the target's host by default).
+	SyslogTLSCA         string `yaml:"syslog_tls_ca"`
+	SyslogTLSCert       string `yaml:"syslog_tls_cert"`
+	SyslogTLSKey        string `yaml:"syslog_tls_key"`
+	SyslogTLSServerName string `yaml:"syslog_tls_server_name"`
 	// FileGroup is the audit file's group (name or number; empty: root's),
 	// for a log forwarder that runs as its own user in that group.
 	FileGroup string `yaml:"file_group"`
@@ -571,8 +580,18 @@ func (c Config) Validate(source string) error {
 	default:
 		bad("audit.journald", "%q is not one of auto, on, off", a.Journald)
 	}
-	if a.Syslog != "" && !strings.HasPrefix(a.Syslog, "unix://") && !strings.HasPrefix(a.Syslog, "unixgram://") && !strings.HasPrefix(a.Syslog, "tcp://") {
-		bad("audit.syslog", "%q is not unix:///path, unixgram:///path or tcp://host:port", a.Syslog)
+	if a.Syslog != "" && !strings.HasPrefix(a.Syslog, "unix://") && !strings.HasPrefix(a.Syslog, "unixgram://") && !strings.HasPrefix(a.Syslog, "tcp://") && !strings.HasPrefix(a.Syslog, "tls://") {
+		bad("audit.syslog", "%q is not unix:///path, unixgram:///path, tcp://host:port or tls://host:port", a.Syslog)
+	}
+	for _, f := range []struct{ key, v string }{{"audit.syslog_tls_ca", a.SyslogTLSCA}, {"audit.syslog_tls_cert", a.SyslogTLSCert}, {"audit.syslog_tls_key", a.SyslogTLSKey}, {"audit.syslog_tls_server_name", a.SyslogTLSServerName}} {
+		if f.v != "" && !strings.HasPrefix(a.Syslog, "tls://") {
+			bad(f.key, "is set but audit.syslog %q is not a tls:// target", a.Syslog)
+		} else if f.v != "" && f.key != "audit.syslog_tls_server_name" && !filepath.IsAbs(f.v) {
+			bad(f.key, "%q must be an absolute path", f.v)
+		}
+	}
+	if (a.SyslogTLSCert == "") != (a.SyslogTLSKey == "") {
+		bad("audit.syslog_tls_cert", "a client certificate needs both audit.syslog_tls_cert and audit.syslog_tls_key")
 	}
 	switch a.Allowed {
 	case "none", "first", "all":
