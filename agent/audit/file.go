@@ -33,10 +33,11 @@ type fileSink struct {
 const DefaultFileMode os.FileMode = 0o640
 
 // CheckFileMode refuses modes that would let anyone but root change the
-// audit file, or run it: only 0600 with read for group and others added.
+// audit file, run it, or let every user read it (user names, commands):
+// 0600 or 0640 (gpufence doctor flags a world-readable file too).
 func CheckFileMode(m os.FileMode) error {
-	if m&^0o644 != 0 || m&0o600 != 0o600 {
-		return fmt.Errorf("mode %04o: the audit file must be 0600 plus read for group or others at most (e.g. 0640), never writable by them or executable", uint32(m))
+	if m&^0o640 != 0 || m&0o600 != 0o600 {
+		return fmt.Errorf("mode %04o: the audit file must be 0600 or 0640: readable by its group at most, never writable by another or executable", uint32(m))
 	}
 	return nil
 }

@@ -37,7 +37,8 @@ func TestAuditFileModeAndGroup(t *testing.T) {
 	}
 	for body, want := range map[string]string{
 		"audit:\n  file_mode: rw-r-----\n": `audit.file_mode: "rw-r-----" is not an octal mode`,
-		"audit:\n  file_mode: 0660\n":      "audit.file_mode: mode 0660: the audit file must be 0600 plus read",
+		"audit:\n  file_mode: 0660\n":      "audit.file_mode: mode 0660: the audit file must be 0600 or 0640",
+		"audit:\n  file_mode: 0644\n":      "audit.file_mode: mode 0644",
 		"audit:\n  file_mode: 0750\n":      "audit.file_mode: mode 0750",
 		"audit:\n  file_mode: 0440\n":      "audit.file_mode: mode 0440",
 		"audit:\n  file_group: \"a b\"\n":  `audit.file_group: "a b" is not a group name`,
