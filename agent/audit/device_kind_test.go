@@ -14,7 +14,7 @@ import (
 func TestSchemaDeviceKind(t *testing.T) {
 	uid := UID(1000)
 	for _, kind := range []string{DeviceGPU, DeviceMIGCapability, DeviceNVSwitch, DeviceNVLink, DeviceIMEXChannel, "switch"} {
-		r := Record{SchemaVersion: "1", Seq: 1, BootID: testBootID, Time: time.Now().UTC(), Event: EventGPUAccess, Severity: SeverityWarning,
+		r := Record{SchemaVersion: "1", Seq: 1, RunID: testRunID, BootID: testBootID, Time: time.Now().UTC(), Event: EventGPUAccess, Severity: SeverityWarning,
 			Node: "n", Cluster: "c", AgentVersion: "v", Message: "NVSwitch management device /dev/nvidia-nvswitchctl (236:255) denied to job 12 step 0",
 			Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", UID: uid, PID: 4242, Comm: "python",
 			Device: &Device{Path: "/dev/nvidia-nvswitchctl", Major: 236, Minor: 255, Kind: kind}, Access: []string{"read", "write"}, CgroupID: 9876}

@@ -15,7 +15,7 @@ import (
 // exe_now, or without the file that a SOC needs to find the program.
 func TestSchemaExeOtherNamespace(t *testing.T) {
 	base := func() Record {
-		return Record{SchemaVersion: "1", Seq: 1, BootID: testBootID, Time: time.Now().UTC(), Event: EventGPUAccess, Severity: SeverityWarning,
+		return Record{SchemaVersion: "1", Seq: 1, RunID: testRunID, BootID: testBootID, Time: time.Now().UTC(), Event: EventGPUAccess, Severity: SeverityWarning,
 			Node: "n", Cluster: "c", AgentVersion: "v", Message: "GPU 2 denied to job 12 step 0",
 			Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", UID: UID(1000), PID: 4250, Comm: "true",
 			ExeStatus: ExeOtherNamespace, ExeNamespacePath: "/usr/bin/true", ExeMntNS: 4026532179, ExeDev: "254:0", ExeIno: 5678,

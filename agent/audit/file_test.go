@@ -135,7 +135,7 @@ func TestPrivilegedFullFilesystem(t *testing.T) {
 }
 
 func TestFileWriteErrorKeepsWholeLines(t *testing.T) {
-	s, err := openFile(filepath.Join(t.TempDir(), "a.jsonl"))
+	s, err := openFile(filepath.Join(t.TempDir(), "a.jsonl"), 0, -1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 // gpu_idle records (written by agent/metrics) validate, and the schema
 // insists on what makes them useful.
 func TestGPUIdleRecord(t *testing.T) {
-	r := Record{SchemaVersion: SchemaVersion, Seq: 1, BootID: testBootID, Time: time.Now(), Event: EventGPUIdle,
+	r := Record{SchemaVersion: SchemaVersion, Seq: 1, RunID: testRunID, BootID: testBootID, Time: time.Now(), Event: EventGPUIdle,
 		Severity: SeverityNotice, Node: "n", Cluster: "c", AgentVersion: "v", Message: "job 12 has held GPU 1 below 5% utilization for 1h0m0s",
 		JobID: 12, UID: UID(1001), User: "alice", GPU: &GPU{Index: 1, UUID: "GPU-1"}, IdleSeconds: 3600, IdleThreshold: 5}
 	good, err := json.Marshal(r)
@@ -46,7 +46,7 @@ func TestGPUIdleRecord(t *testing.T) {
 
 // gpu_table_mismatch records validate, and need the mismatch in error.
 func TestGPUTableMismatchRecord(t *testing.T) {
-	r := Record{SchemaVersion: SchemaVersion, Seq: 1, BootID: testBootID, Time: time.Now(), Event: EventGPUTableMismatch,
+	r := Record{SchemaVersion: SchemaVersion, Seq: 1, RunID: testRunID, BootID: testBootID, Time: time.Now(), Event: EventGPUTableMismatch,
 		Severity: SeverityError, Node: "n", Cluster: "c", AgentVersion: "v",
 		Message: "Slurm's GPU table (gres.conf) does not match the NVIDIA driver; steps that ask for a GPU are refused",
 		Error:   "count: gres.conf names 4 GPU devices for this node but the NVIDIA driver (NVML) sees 3 GPUs"}

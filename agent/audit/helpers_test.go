@@ -17,7 +17,10 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-const testBootID = "9663521c-8306-485f-8bae-9f1dc2d1b46b"
+const (
+	testBootID = "9663521c-8306-485f-8bae-9f1dc2d1b46b"
+	testRunID  = "5f3c9a1e7b2d4c6a8e0f1a2b3c4d5e6f"
+)
 
 var (
 	schemaOnce sync.Once
@@ -147,7 +150,7 @@ func sampleRecords() []Record {
 		{Event: EventAgentStart, Message: "gpufence agent started (mode enforce, 4 GPUs)", PolicyMode: ModeEnforce},
 		{Event: EventPolicyApplied, Severity: SeverityNotice, Message: "job 12 step 0 may use GPUs 0,1", JobID: 12, StepID: "0", User: "alice", UID: uid, GPUs: []int{0, 1}, Cgroup: "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_12/step_0"},
 		{Event: EventPolicyApplied, Message: "job 12 step extern may use no GPU", JobID: 12, StepID: "extern", User: "alice", UID: uid, GPUs: []int{}, Cgroup: "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_12/step_extern"},
-		{Event: EventGPUAccess, Severity: SeverityWarning, Message: "job 12 step 0 (alice) denied open of /dev/nvidia3", Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", User: "alice", UID: uid, PID: 4242, Comm: "python", Exe: "/usr/bin/python3.11", ExeStatus: ExeVerified, ExeDev: "254:0", ExeIno: 1234, Device: &Device{Path: "/dev/nvidia3", Major: 195, Minor: 3, Kind: DeviceGPU}, GPU: &GPU{Index: 3}, Access: []string{"read", "write"}, CgroupID: 9876},
+		{Event: EventGPUAccess, Severity: SeverityWarning, Message: "job 12 step 0 (alice) denied open of /dev/nvidia3", AccessTime: time.Date(2026, 11, 29, 8, 0, 0, 5, time.FixedZone("x", 3600)), Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", User: "alice", UID: uid, PID: 4242, Comm: "python", Exe: "/usr/bin/python3.11", ExeStatus: ExeVerified, ExeDev: "254:0", ExeIno: 1234, Device: &Device{Path: "/dev/nvidia3", Major: 195, Minor: 3, Kind: DeviceGPU}, GPU: &GPU{Index: 3}, Access: []string{"read", "write"}, CgroupID: 9876},
 		{Event: EventGPUAccess, Message: "job 12 step batch allowed open of /dev/nvidia1", Decision: DecisionAllowed, PolicyMode: ModeEnforce, JobID: 12, StepID: "batch", User: "alice", UID: uid, PID: 4243, Comm: "nvidia-smi", ExeStatus: ExeExited, ExeDev: "254:0", ExeIno: 77, Device: dev, GPU: gpu, Access: []string{"read"}, CgroupID: 9877},
 		{Event: EventGPUAccess, Severity: SeverityWarning, Message: "root would be denied mknod of 195:7", Decision: DecisionWouldDeny, PolicyMode: ModeAuditOnly, UID: UID(0), PID: 77, Comm: "mknod", ExeStatus: ExeChanged, ExeNow: "/usr/bin/sleep", ExeDev: "0:31", ExeIno: 2, Device: &Device{Major: 195, Minor: 7}, Access: []string{"mknod"}, CgroupID: 12},
 		{Event: EventAccessSuppressed, Severity: SeverityWarning, Message: "37 more denied accesses", Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", UID: uid, PID: 4242, Comm: "python", Device: dev, Access: []string{"read"}, Suppressed: 37, CgroupID: 9876},

@@ -65,6 +65,7 @@ func journalFields(r *Record) []journalField {
 		{"SYSLOG_IDENTIFIER", "gpufence"},
 		{"GPUFENCE_SCHEMA_VERSION", r.SchemaVersion},
 		{"GPUFENCE_SEQ", strconv.FormatUint(r.Seq, 10)},
+		{"GPUFENCE_RUN_ID", r.RunID},
 		{"GPUFENCE_BOOT_ID", r.BootID},
 		{"GPUFENCE_TIME", r.Time.UTC().Format(time.RFC3339Nano)},
 		{"GPUFENCE_EVENT", string(r.Event)},
@@ -82,6 +83,14 @@ func journalFields(r *Record) []journalField {
 		if v != 0 {
 			f = append(f, journalField{name, strconv.FormatUint(v, 10)})
 		}
+	}
+	if h := r.Host; h != nil {
+		add("GPUFENCE_MACHINE_ID", h.MachineID)
+		add("GPUFENCE_FQDN", h.FQDN)
+		add("GPUFENCE_EC2_INSTANCE_ID", h.EC2InstanceID)
+	}
+	if !r.AccessTime.IsZero() {
+		add("GPUFENCE_ACCESS_TIME", r.AccessTime.UTC().Format(time.RFC3339Nano))
 	}
 	add("GPUFENCE_DECISION", r.Decision)
 	add("GPUFENCE_POLICY_MODE", r.PolicyMode)

@@ -40,8 +40,9 @@ func decodeJournal(t *testing.T, b []byte) map[string]string {
 
 func TestJournalFieldMapping(t *testing.T) {
 	r := sampleRecords()[3]
-	r.SchemaVersion, r.Seq, r.BootID, r.Node, r.Cluster, r.AgentVersion = "1", 42, testBootID, "gpu-node-1", "research", "v1"
+	r.SchemaVersion, r.Seq, r.RunID, r.BootID, r.Node, r.Cluster, r.AgentVersion = "1", 42, testRunID, testBootID, "gpu-node-1", "research", "v1"
 	r.Time = time.Date(2026, 11, 29, 8, 0, 0, 5, time.UTC)
+	r.Host = &Host{MachineID: "4f6a0c0e3a9b4f2a8d5e6c7b8a9f0e1d", FQDN: "gpu-node-1.example.org", EC2InstanceID: "i-0123456789abcdef0"}
 	r.Message = "denied\nsecond line"
 	got := decodeJournal(t, encodeJournal(journalFields(&r)))
 	want := map[string]string{
@@ -51,8 +52,9 @@ func TestJournalFieldMapping(t *testing.T) {
 		"GPUFENCE_USER": "alice", "GPUFENCE_UID": "1000", "GPUFENCE_PID": "4242", "GPUFENCE_COMM": "python",
 		"GPUFENCE_EXE": "/usr/bin/python3.11", "GPUFENCE_DEVICE_PATH": "/dev/nvidia3", "GPUFENCE_DEVICE": "195:3", "GPUFENCE_DEVICE_KIND": "gpu",
 		"GPUFENCE_GPU_INDEX": "3", "GPUFENCE_ACCESS": "read,write", "GPUFENCE_CGROUP_ID": "9876",
-		"GPUFENCE_NODE": "gpu-node-1", "GPUFENCE_CLUSTER": "research", "GPUFENCE_BOOT_ID": testBootID,
-		"GPUFENCE_TIME": "2026-11-29T08:00:00.000000005Z", "GPUFENCE_SCHEMA_VERSION": "1", "GPUFENCE_AGENT_VERSION": "v1",
+		"GPUFENCE_NODE": "gpu-node-1", "GPUFENCE_CLUSTER": "research", "GPUFENCE_BOOT_ID": testBootID, "GPUFENCE_RUN_ID": testRunID,
+		"GPUFENCE_TIME": "2026-11-29T08:00:00.000000005Z", "GPUFENCE_ACCESS_TIME": "2026-11-29T07:00:00.000000005Z",
+		"GPUFENCE_MACHINE_ID": "4f6a0c0e3a9b4f2a8d5e6c7b8a9f0e1d", "GPUFENCE_FQDN": "gpu-node-1.example.org", "GPUFENCE_EC2_INSTANCE_ID": "i-0123456789abcdef0", "GPUFENCE_SCHEMA_VERSION": "1", "GPUFENCE_AGENT_VERSION": "v1",
 		"GPUFENCE_SEVERITY": "warning", "GPUFENCE_EXE_STATUS": "verified", "GPUFENCE_EXE_DEV": "254:0", "GPUFENCE_EXE_INO": "1234",
 	}
 	for k, v := range want {

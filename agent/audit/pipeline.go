@@ -3,6 +3,8 @@
 package audit
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,10 +25,17 @@ const DefaultJournalSocket = "/run/systemd/journal/socket"
 type Options struct {
 	// File is the JSON Lines path; "" disables the file sink.
 	File string
+	// FileMode is the file's mode (DefaultFileMode when 0); FileGroup, a
+	// group name or number, is its group (root's when empty), and its
+	// folder's unless others may pass that already.
+	FileMode  os.FileMode
+	FileGroup string
 	// Journald is "auto" (on when JournalSocket exists), "on" or "off"; "" means "auto".
 	Journald string
-	// Syslog is "" (off), "unix:///dev/log", "unixgram:///path" or "tcp://host:port".
-	Syslog string
+	// Syslog is "" (off), "unix:///dev/log", "unixgram:///path",
+	// "tcp://host:port" or "tls://host:port" (RFC 5425, SyslogTLS).
+	Syslog    string
+	SyslogTLS SyslogTLS
 	// QueueSize bounds the queue between Emit and the sinks (default 4096).
 	QueueSize int
 	// SinkQueueSize bounds each sink's own queue (default 1024).
@@ -42,6 +51,11 @@ type Options struct {
 	JournalSocket string
 	// BootID overrides /proc/sys/kernel/random/boot_id (tests).
 	BootID string
+	// Host identifies the machine in every record (HostIdentity).
+	Host Host
+	// RunID overrides the random run id made by New (tests); 32 lower-case
+	// hex digits.
+	RunID string
 
 	testWriters []writer
 	// testStall, when set, runs before each record is dispatched (tests
@@ -76,6 +90,7 @@ type Pipeline struct {
 	opts   Options
 	log    *slog.Logger
 	bootID string
+	runID  string
 
 	mu     sync.RWMutex // guards closed against Emit's send
 	closed bool
@@ -142,6 +157,16 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 		}
 		p.bootID = strings.TrimSpace(string(b))
 	}
+	p.runID = opts.RunID
+	if p.runID == "" {
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("audit: make run id: %w", err)
+		}
+		p.runID = hex.EncodeToString(b[:])
+	} else if !validRunID(p.runID) {
+		return nil, fmt.Errorf("audit: run id %q is not 32 lower-case hex digits", p.runID)
+	}
 	var writers []writer
 	fail := func(err error) (*Pipeline, error) {
 		for _, w := range writers {
@@ -150,7 +175,15 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 		return nil, err
 	}
 	if opts.File != "" {
-		w, err := openFile(opts.File)
+		gid := -1
+		if opts.FileGroup != "" {
+			g, err := lookupGroup(opts.FileGroup)
+			if err != nil {
+				return fail(fmt.Errorf("audit file sink: file_group: %w", err))
+			}
+			gid = g
+		}
+		w, err := openFile(opts.File, opts.FileMode, gid)
 		if err != nil {
 			return fail(fmt.Errorf("audit file sink: %w", err))
 		}
@@ -174,7 +207,7 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 		return fail(fmt.Errorf("audit: journald: %q is not auto, on or off", opts.Journald))
 	}
 	if opts.Syslog != "" {
-		w, err := openSyslog(opts.Syslog, opts.Node)
+		w, err := openSyslog(opts.Syslog, opts.Node, opts.SyslogTLS)
 		if err != nil {
 			return fail(fmt.Errorf("audit syslog sink: %w", err))
 		}
@@ -247,6 +280,9 @@ func (p *Pipeline) Reopen() error {
 	}
 	return errors.Join(errs...)
 }
+
+// RunID is this pipeline's run id, in every record it numbers.
+func (p *Pipeline) RunID() string { return p.runID }
 
 // Stats returns counts since New.
 func (p *Pipeline) Stats() Stats {
@@ -329,6 +365,12 @@ func (p *Pipeline) dispatch() {
 func (p *Pipeline) fill(r *Record) {
 	r.SchemaVersion = SchemaVersion
 	r.BootID = p.bootID
+	r.RunID = p.runID
+	if r.Host == nil && !p.opts.Host.zero() {
+		h := p.opts.Host
+		r.Host = &h
+	}
+	r.PrevHash, r.Hash = "", ""
 	if r.Time.IsZero() {
 		r.Time = time.Now()
 	}
@@ -356,6 +398,9 @@ func printable(r *Record) {
 	for _, f := range []*string{&r.Node, &r.Cluster, &r.AgentVersion, &r.Message, &r.StepID, &r.User,
 		&r.Comm, &r.Exe, &r.ExeNow, &r.ExeNamespacePath, &r.ExeDev, &r.Cgroup, &r.Reason, &r.Error} {
 		*f = Printable(*f)
+	}
+	if h := r.Host; h != nil && (Printable(h.FQDN) != h.FQDN || Printable(h.MachineID) != h.MachineID || Printable(h.EC2InstanceID) != h.EC2InstanceID) {
+		r.Host = &Host{MachineID: Printable(h.MachineID), FQDN: Printable(h.FQDN), EC2InstanceID: Printable(h.EC2InstanceID)}
 	}
 	if r.Device != nil && Printable(r.Device.Path) != r.Device.Path {
 		d := *r.Device

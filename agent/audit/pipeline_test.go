@@ -71,7 +71,7 @@ func TestEveryEventKindValidates(t *testing.T) {
 
 // The schema must catch drift, or validating against it proves nothing.
 func TestSchemaRejectsDrift(t *testing.T) {
-	good, err := json.Marshal(Record{SchemaVersion: "1", Seq: 1, BootID: testBootID, Time: time.Now(), Event: EventAgentStart,
+	good, err := json.Marshal(Record{SchemaVersion: "1", Seq: 1, RunID: testRunID, BootID: testBootID, Time: time.Now(), Event: EventAgentStart,
 		Severity: SeverityInfo, Node: "n", Cluster: "c", AgentVersion: "v", Message: "m"})
 	if err != nil {
 		t.Fatal(err)

@@ -138,16 +138,26 @@ const (
 // Record is one audit record, written as one JSON object per line. Fields
 // without omitempty/omitzero are present in every record.
 type Record struct {
-	SchemaVersion string    `json:"schema_version"`
-	Seq           uint64    `json:"seq"`
-	BootID        string    `json:"boot_id"`
-	Time          time.Time `json:"time"`
-	Event         Event     `json:"event"`
-	Severity      Severity  `json:"severity"`
-	Node          string    `json:"node"`
-	Cluster       string    `json:"cluster"`
-	AgentVersion  string    `json:"agent_version"`
-	Message       string    `json:"message"`
+	SchemaVersion string `json:"schema_version"`
+	Seq           uint64 `json:"seq"`
+	// RunID is the agent run's random 128-bit id (32 hex digits), made at
+	// its start: (run_id, seq) names one record across restarts and boots.
+	RunID        string    `json:"run_id"`
+	BootID       string    `json:"boot_id"`
+	Time         time.Time `json:"time"`
+	Event        Event     `json:"event"`
+	Severity     Severity  `json:"severity"`
+	Node         string    `json:"node"`
+	Cluster      string    `json:"cluster"`
+	AgentVersion string    `json:"agent_version"`
+	// Host identifies the machine beyond the node name (machine id, FQDN,
+	// EC2 instance id), where the agent learnt them at its start.
+	Host    *Host  `json:"host,omitempty"`
+	Message string `json:"message"`
+
+	// AccessTime (gpu_access) is the kernel's time of the access: the BPF
+	// program's CLOCK_MONOTONIC (bpf_ktime_get_ns) converted to wall clock.
+	AccessTime time.Time `json:"access_time,omitzero"`
 
 	Decision   string `json:"decision,omitempty"`
 	PolicyMode string `json:"policy_mode,omitempty"`
@@ -198,6 +208,12 @@ type Record struct {
 	// IdleSeconds and IdleThreshold (percent utilization): gpu_idle only.
 	IdleSeconds   uint64 `json:"idle_seconds,omitempty"`
 	IdleThreshold uint32 `json:"idle_threshold,omitempty"`
+
+	// PrevHash and Hash chain the records of one run in the JSON Lines
+	// file (chain.go); only the file sink sets them. Hash stays the last
+	// field: it is the SHA-256 of the line written without it.
+	PrevHash string `json:"prev_hash,omitempty"`
+	Hash     string `json:"hash,omitempty"`
 }
 
 // Share is one shared GRES a job holds on a GPU.
@@ -289,5 +305,8 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	type plain Record
 	p := plain(r)
 	p.Time = p.Time.UTC()
+	if !p.AccessTime.IsZero() {
+		p.AccessTime = p.AccessTime.UTC()
+	}
 	return json.Marshal(p)
 }

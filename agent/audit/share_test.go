@@ -13,7 +13,7 @@ import (
 // empty list and a count of 0 (omitted instead).
 func TestSchemaShares(t *testing.T) {
 	base := func() Record {
-		return Record{SchemaVersion: "1", Seq: 1, BootID: testBootID, Time: time.Now().UTC(), Event: EventGPUAccess, Severity: SeverityWarning,
+		return Record{SchemaVersion: "1", Seq: 1, RunID: testRunID, BootID: testBootID, Time: time.Now().UTC(), Event: EventGPUAccess, Severity: SeverityWarning,
 			Node: "n", Cluster: "c", AgentVersion: "v", Message: "GPU 1 denied to job 12 step 0",
 			Decision: DecisionDenied, PolicyMode: ModeEnforce, JobID: 12, StepID: "0", UID: UID(1000), PID: 4250, Comm: "probe",
 			Device: &Device{Path: "/dev/nvidia1", Major: 195, Minor: 1, Kind: DeviceGPU}, GPU: &GPU{Index: 1}, Access: []string{"read"}, CgroupID: 9876,

@@ -3,7 +3,10 @@
 package audit
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -17,14 +20,53 @@ const facilityDaemon = 3
 
 // syslogSink sends RFC 5424 messages: APP-NAME gpufence, MSGID the event,
 // no structured data, and the JSON record as MSG. Datagram sockets carry one
-// message per datagram; TCP uses octet counting (RFC 6587).
+// message per datagram; TCP uses octet counting (RFC 6587); TLS (RFC 5425)
+// the same framing over a TLS connection whose server certificate is
+// checked.
 type syslogSink struct {
 	network, addr string
 	host          string
 	conn          net.Conn
+	tls           *tls.Config
 }
 
-func openSyslog(target, node string) (*syslogSink, error) {
+// SyslogTLS configures a tls:// syslog target. The server's certificate is
+// always checked: against CAFile (the system's roots when empty), for the
+// target's host name (ServerName when set).
+type SyslogTLS struct {
+	CAFile, CertFile, KeyFile, ServerName string
+}
+
+func (o SyslogTLS) config(host string) (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
+	if o.ServerName != "" {
+		c.ServerName = o.ServerName
+	}
+	if o.CAFile != "" {
+		b, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("syslog TLS CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("syslog TLS CA: %s holds no PEM certificate", o.CAFile)
+		}
+		c.RootCAs = pool
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		return nil, errors.New("syslog TLS: a client certificate needs both the certificate and the key file")
+	}
+	if o.CertFile != "" {
+		pair, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("syslog TLS client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	}
+	return c, nil
+}
+
+func openSyslog(target, node string, to SyslogTLS) (*syslogSink, error) {
 	u, err := url.Parse(target)
 	if err != nil {
 		return nil, fmt.Errorf("syslog %q: %w", target, err)
@@ -35,8 +77,15 @@ func openSyslog(target, node string) (*syslogSink, error) {
 		s.network, s.addr = "unixgram", u.Path
 	case "tcp":
 		s.network, s.addr = "tcp", u.Host
+	case "tls":
+		s.network, s.addr = "tcp", u.Host
+		if s.addr != "" {
+			if s.tls, err = to.config(u.Hostname()); err != nil {
+				return nil, err
+			}
+		}
 	default:
-		return nil, fmt.Errorf("syslog %q: scheme must be unix, unixgram or tcp", target)
+		return nil, fmt.Errorf("syslog %q: scheme must be unix, unixgram, tcp or tls", target)
 	}
 	if s.addr == "" {
 		return nil, fmt.Errorf("syslog %q: no address", target)
@@ -50,7 +99,14 @@ func openSyslog(target, node string) (*syslogSink, error) {
 }
 
 func (s *syslogSink) connect() error {
-	c, err := net.DialTimeout(s.network, s.addr, 2*time.Second)
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	var c net.Conn
+	var err error
+	if s.tls != nil {
+		c, err = tls.DialWithDialer(d, s.network, s.addr, s.tls)
+	} else {
+		c, err = d.Dial(s.network, s.addr)
+	}
 	if err != nil {
 		return fmt.Errorf("connect to syslog %s %s: %w", s.network, s.addr, err)
 	}

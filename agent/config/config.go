@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/gpufence/gpufence/agent/audit"
 )
 
 // DefaultPath is where packages install the configuration file.
@@ -212,6 +215,32 @@ type Audit struct {
 	// QueueSize bounds the records waiting for the sinks; a full queue
 	// drops and counts.
 	QueueSize int `yaml:"queue_size"`
+	// EC2InstanceID is whether the agent asks EC2's metadata service
+	// (IMDSv2) for the instance id, once at start, for every record's
+	// host: auto (where the firmware says Amazon EC2), on, off.
+	EC2InstanceID string `yaml:"ec2_instance_id"`
+	// IMDSEndpoint is the metadata service's base URL.
+	IMDSEndpoint string `yaml:"imds_endpoint"`
+	// SyslogTLSCA, SyslogTLSCert, SyslogTLSKey and SyslogTLSServerName
+	// configure a tls:// syslog target (RFC 5425): the CA file that
+	// checks the collector's certificate (the system's roots when empty),
+	// a client certificate and key when the collector asks for one, the
+	// name the certificate must carry (the target's host by default).
+	SyslogTLSCA         string `yaml:"syslog_tls_ca"`
+	SyslogTLSCert       string `yaml:"syslog_tls_cert"`
+	SyslogTLSKey        string `yaml:"syslog_tls_key"`
+	SyslogTLSServerName string `yaml:"syslog_tls_server_name"`
+	// FileGroup is the audit file's group (name or number; empty: root's),
+	// for a log forwarder that runs as its own user in that group.
+	FileGroup string `yaml:"file_group"`
+	// FileMode is the audit file's mode, in octal (default 0640).
+	FileMode string `yaml:"file_mode"`
+}
+
+// AuditFileMode is audit.file_mode as a mode (Validate has checked it).
+func (a Audit) AuditFileMode() os.FileMode {
+	n, _ := strconv.ParseUint(a.FileMode, 8, 32)
+	return os.FileMode(n)
 }
 
 // DefaultMetricsListen is where the metrics endpoint listens unless
@@ -345,6 +374,9 @@ func Default() Config {
 			RateBurst:     5,
 			FlushInterval: Duration{5 * time.Second},
 			QueueSize:     4096,
+			EC2InstanceID: "auto",
+			FileMode:      "0640",
+			IMDSEndpoint:  "http://169.254.169.254",
 		},
 	}
 }
@@ -548,8 +580,18 @@ func (c Config) Validate(source string) error {
 	default:
 		bad("audit.journald", "%q is not one of auto, on, off", a.Journald)
 	}
-	if a.Syslog != "" && !strings.HasPrefix(a.Syslog, "unix://") && !strings.HasPrefix(a.Syslog, "unixgram://") && !strings.HasPrefix(a.Syslog, "tcp://") {
-		bad("audit.syslog", "%q is not unix:///path, unixgram:///path or tcp://host:port", a.Syslog)
+	if a.Syslog != "" && !strings.HasPrefix(a.Syslog, "unix://") && !strings.HasPrefix(a.Syslog, "unixgram://") && !strings.HasPrefix(a.Syslog, "tcp://") && !strings.HasPrefix(a.Syslog, "tls://") {
+		bad("audit.syslog", "%q is not unix:///path, unixgram:///path, tcp://host:port or tls://host:port", a.Syslog)
+	}
+	for _, f := range []struct{ key, v string }{{"audit.syslog_tls_ca", a.SyslogTLSCA}, {"audit.syslog_tls_cert", a.SyslogTLSCert}, {"audit.syslog_tls_key", a.SyslogTLSKey}, {"audit.syslog_tls_server_name", a.SyslogTLSServerName}} {
+		if f.v != "" && !strings.HasPrefix(a.Syslog, "tls://") {
+			bad(f.key, "is set but audit.syslog %q is not a tls:// target", a.Syslog)
+		} else if f.v != "" && f.key != "audit.syslog_tls_server_name" && !filepath.IsAbs(f.v) {
+			bad(f.key, "%q must be an absolute path", f.v)
+		}
+	}
+	if (a.SyslogTLSCert == "") != (a.SyslogTLSKey == "") {
+		bad("audit.syslog_tls_cert", "a client certificate needs both audit.syslog_tls_cert and audit.syslog_tls_key")
 	}
 	switch a.Allowed {
 	case "none", "first", "all":
@@ -567,6 +609,22 @@ func (c Config) Validate(source string) error {
 	}
 	if a.QueueSize < 16 || a.QueueSize > 1<<20 {
 		bad("audit.queue_size", "%d must be between 16 and 1048576", a.QueueSize)
+	}
+	if n, err := strconv.ParseUint(a.FileMode, 8, 32); err != nil {
+		bad("audit.file_mode", "%q is not an octal mode such as 0640", a.FileMode)
+	} else if err := audit.CheckFileMode(os.FileMode(n)); err != nil {
+		bad("audit.file_mode", "%v", err)
+	}
+	if a.FileGroup != "" && strings.ContainsFunc(a.FileGroup, func(r rune) bool { return r <= ' ' || r == ':' || r == '/' || r == 0x7f }) {
+		bad("audit.file_group", "%q is not a group name or number", a.FileGroup)
+	}
+	switch a.EC2InstanceID {
+	case "auto", "on", "off":
+	default:
+		bad("audit.ec2_instance_id", "%q is not one of auto, on, off", a.EC2InstanceID)
+	}
+	if u, err := url.Parse(a.IMDSEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		bad("audit.imds_endpoint", "%q is not a base URL such as http://169.254.169.254", a.IMDSEndpoint)
 	}
 	return errors.Join(errs...)
 }

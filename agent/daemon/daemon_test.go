@@ -272,6 +272,7 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 		t.Fatalf("step 3.0: %+v", r)
 	}
 
+	opened := time.Now()
 	tr.expect(task1, 2)
 	d.flush()
 	deadline := time.Now().Add(5 * time.Second)
@@ -288,6 +289,7 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	found := time.Now()
 	if len(denied) != 3 {
 		t.Fatalf("job 1: %d denied records, want 3 (GPUs 0, 1, 3): %+v", len(denied), denied)
 	}
@@ -295,6 +297,12 @@ func testDaemon(t *testing.T, mode devfilter.Mode) {
 		if r.StepID != "0" || r.GPU == nil || r.GPU.Index == 2 || r.Device.Path != filepath.Join(tr.dev, fmt.Sprintf("nvidia%d", r.GPU.Index)) ||
 			r.Comm != "daemon.test" || r.PID == 0 || *r.UID != 0 || r.User != "root" || r.PolicyMode != audit.ModeEnforce {
 			t.Errorf("badly attributed record: %+v", r)
+		}
+		// The kernel's time of the open, converted to wall clock: after
+		// the opens began, before the test saw the records.
+		const skew = 5 * time.Millisecond
+		if r.AccessTime.Before(opened.Add(-skew)) || r.AccessTime.After(found.Add(skew)) {
+			t.Errorf("access_time %s not between the opens (%s) and the records seen (%s)", r.AccessTime, opened, found)
 		}
 	}
 	if n := len(tr.rec.Records(audit.EventPolicyApplied)); n != 4 {

@@ -120,6 +120,9 @@ type Events struct {
 	// node is the namespace where an exe path must name the program; PID
 	// 1's never changes, so it is looked up once, not per event.
 	node nodeNS
+	// clock turns the kernel's CLOCK_MONOTONIC time of an access into
+	// wall-clock time (access_time).
+	clock *monoClock
 
 	readers sync.WaitGroup
 	done    chan struct{}
@@ -137,7 +140,7 @@ func New(o Options) *Events {
 	if o.AuditOnly == nil {
 		o.AuditOnly = func() bool { return false }
 	}
-	e := &Events{o: o, queue: make(chan devfilter.Event, o.QueueSize), done: make(chan struct{}), node: nodeNamespace(o.Proc, "1")}
+	e := &Events{o: o, queue: make(chan devfilter.Event, o.QueueSize), done: make(chan struct{}), node: nodeNamespace(o.Proc, "1"), clock: newMonoClock()}
 	go e.attribute()
 	return e
 }
@@ -248,6 +251,9 @@ func (e *Events) accessRecord(ev devfilter.Event, o registry.Owner, known bool, 
 		Suppressed: suppressed,
 		CgroupID:   ev.CgroupID,
 		Severity:   audit.SeverityWarning,
+	}
+	if ev.Time > 0 {
+		r.AccessTime = e.clock.wall(ev.Time)
 	}
 	if ev.Decision == devfilter.DecisionAllowed {
 		r.Severity = audit.SeverityInfo

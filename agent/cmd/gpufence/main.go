@@ -35,7 +35,7 @@ type command struct {
 
 var commands = map[string]command{
 	"agent":     {"run the node agent in the foreground (needs root)", runAgent},
-	"audit":     {"read the audit trail: gpufence audit tail [--job N] [--user U] [--denied] [--json] [-f]", runAudit},
+	"audit":     {"read the audit trail: gpufence audit tail [--job N] [--user U] [--denied] [--json] [-f]; check its hash chains: gpufence audit verify FILE...", runAudit},
 	"doctor":    {"check that this node is ready for gpufence: cgroups, kernel, bpffs, Slurm, plugin, gres, socket, audit", runDoctor},
 	"inventory": {"list the GPUs as the NVIDIA driver reports them (NVML): minor, UUID, bus id, name, MIG devices", runInventory},
 	"status":    {"show jobs, steps, GPUs, cgroups, pinned objects and counters (works while the agent is down)", runStatus},
@@ -44,8 +44,11 @@ var commands = map[string]command{
 }
 
 func runAudit(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "verify" {
+		return audit.Verify(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "tail" {
-		fmt.Fprintf(stderr, "Usage: gpufence audit tail [flags]\n\nRun 'gpufence audit tail --help' for the flags.\n")
+		fmt.Fprintf(stderr, "Usage: gpufence audit tail [flags] | gpufence audit verify FILE...\n\nRun 'gpufence audit tail --help' or 'gpufence audit verify --help' for the flags.\n")
 		return 2
 	}
 	return audit.Tail(args[1:], stdout, stderr)
@@ -278,9 +281,16 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 			cluster = st.ClusterName
 		}
 	}
+	// Bounded to one second in all (DNS and IMDS): what it cannot learn
+	// is left out of the records, never a reason not to start.
+	host, herr := audit.HostIdentity(audit.HostOptions{IMDS: cfg.Audit.EC2InstanceID, IMDSEndpoint: cfg.Audit.IMDSEndpoint})
+	if herr != nil {
+		log.Warn("host identity for the audit records is incomplete", "err", herr, "machine_id", host.MachineID, "fqdn", host.FQDN, "ec2_instance_id", host.EC2InstanceID)
+	}
 	rec, err := audit.New(audit.Options{
-		File: cfg.Audit.File, Journald: cfg.Audit.Journald, Syslog: cfg.Audit.Syslog, QueueSize: cfg.Audit.QueueSize,
-		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version,
+		File: cfg.Audit.File, FileMode: cfg.Audit.AuditFileMode(), FileGroup: cfg.Audit.FileGroup, Journald: cfg.Audit.Journald, Syslog: cfg.Audit.Syslog,
+		SyslogTLS: audit.SyslogTLS{CAFile: cfg.Audit.SyslogTLSCA, CertFile: cfg.Audit.SyslogTLSCert, KeyFile: cfg.Audit.SyslogTLSKey, ServerName: cfg.Audit.SyslogTLSServerName}, QueueSize: cfg.Audit.QueueSize,
+		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version, Host: host,
 	}, log.With("component", "audit"))
 	if err != nil {
 		return fmt.Errorf("audit: %w", err)
