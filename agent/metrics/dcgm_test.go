@@ -5,6 +5,8 @@ package metrics
 import (
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"testing"
@@ -12,6 +14,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/gpufence/gpufence/agent/inventory"
+	"github.com/gpufence/gpufence/agent/jobmap"
 )
 
 // scrapeParsed gets /metrics from h and parses it with Prometheus's own
@@ -100,5 +105,30 @@ func TestExpositionPublicLabels(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// The job mapping file dcgm-exporter reads for a GPU is named by the same
+// number as gpufence's gpu label of that GPU, both NVML's index, so its
+// hpc_job and gpufence's job_id agree on which GPU a job holds.
+func TestJobMapMatchesGPULabel(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "map")
+	jm, err := jobmap.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smp := &fakeSampler{}
+	// Slurm's 0 and 1 are /dev/nvidia0 and /dev/nvidia1; NVML numbers them 1 and 0.
+	smp.set(nil, inventory.Usage{Index: 1, Minor: 0, UUID: "GPU-a"}, inventory.Usage{Index: 0, Minor: 1, UUID: "GPU-b"})
+	e := New(Options{Sampler: smp, JobMap: jm})
+	e.Allocations([]Allocation{alloc(41, 0, gpu(0, 0)), alloc(42, 0, gpu(1, 1))})
+	e.sample()
+	e.refresh()
+	for _, c := range []struct{ job, slurm, nvml, uuid string }{{"41", "0", "1", "GPU-a"}, {"42", "1", "0", "GPU-b"}} {
+		b, err := os.ReadFile(filepath.Join(dir, c.nvml))
+		if err != nil || string(b) != c.job+"\n" {
+			t.Errorf("mapping file %s: %q %v, want job %s", c.nvml, b, err, c.job)
+		}
+		one(t, e.Registry(), nameAllocated, map[string]string{"job_id": c.job, "slurm_gpu": c.slurm, "gpu": c.nvml, "UUID": c.uuid})
 	}
 }
