@@ -66,8 +66,8 @@ type Options struct {
 	// when it has no name).
 	UserName func(uid uint32) string
 	// Hostname is the Hostname label, dcgm-exporter's (default: the
-	// kernel's host name, os.Hostname, which is what dcgm-exporter reads
-	// outside Kubernetes; empty when it cannot be read).
+	// kernel's host name, os.Hostname, which dcgm-exporter reads too unless
+	// NODE_NAME is set in its environment; empty when it cannot be read).
 	Hostname string
 	// Now is the clock (tests).
 	Now func() time.Time
