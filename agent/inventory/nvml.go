@@ -235,6 +235,14 @@ func (inv *Inventory) Sample() ([]Usage, error) {
 		if u.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
 			return fail("UUID", ret)
 		}
+		pci, ret := dev.GetPciInfo()
+		if ret != nvml.SUCCESS {
+			return fail("PCI info", ret)
+		}
+		u.PCIBusID = busID(pci)
+		if u.Name, ret = dev.GetName(); ret != nvml.SUCCESS {
+			return fail("name", ret)
+		}
 		switch util, ret := dev.GetUtilizationRates(); ret {
 		case nvml.SUCCESS:
 			u.UtilizationGPU, u.UtilizationKnown = util.Gpu, true

@@ -347,8 +347,15 @@ func TestSampleConcurrent(t *testing.T) {
 					errs <- fmt.Errorf("sample %+v", u)
 					return
 				}
-				if _, err := inv.GPUs(); err != nil {
+				gs, err := inv.GPUs()
+				if err != nil {
 					errs <- err
+					return
+				}
+				// The sample names each GPU as the inventory does (the
+				// metrics' pci_bus_id and modelName labels).
+				if gs[3].PCIBusID == "" || u[3].PCIBusID != gs[3].PCIBusID || gs[3].Name == "" || u[3].Name != gs[3].Name {
+					errs <- fmt.Errorf("sample names GPU 3 %q %q, the inventory %q %q", u[3].PCIBusID, u[3].Name, gs[3].PCIBusID, gs[3].Name)
 					return
 				}
 			}

@@ -31,6 +31,8 @@ type Usage struct {
 	Index          int    // NVML index
 	Minor          uint32 // /dev/nvidia<Minor>
 	UUID           string
+	PCIBusID       string // 00000000:18:00.0
+	Name           string // NVIDIA H100 80GB HBM3
 	UtilizationGPU uint32 // percent of time a kernel ran over the last sample period
 	// UtilizationKnown is false where NVML does not report utilization
 	// (MIG-enabled GPUs); UtilizationGPU is 0 then.

@@ -59,13 +59,13 @@ func (e *Exporter) refresh() {
 			k := heldKey{a.JobID, g.Index}
 			want[k] = true
 			if _, ok := e.held[k]; !ok {
-				h := &holding{uid: a.UID, gpu: g, uuid: e.uuidByMinor[g.Minor]}
+				h := &holding{uid: a.UID, gpu: g, uuid: e.nvmlByMinor[g.Minor].UUID}
 				h.name = e.opts.UserName(a.UID)
 				label := h.name
 				if label == "" {
 					label = strconv.FormatUint(uint64(a.UID), 10)
 				}
-				h.labels = []string{strconv.FormatUint(uint64(a.JobID), 10), label, strconv.Itoa(g.Index), h.uuid}
+				h.labels = e.labels(a.JobID, label, g)
 				e.allocated.WithLabelValues(h.labels...).Set(1)
 				e.held[k] = h
 			}
@@ -100,13 +100,29 @@ func (e *Exporter) refresh() {
 	}
 }
 
+// labels are a job's GPU's label values, in jobLabels' order. The GPU is
+// named as dcgm-exporter names it from what NVML said of its device minor;
+// without that (no NVML, or no sample yet) gpu, UUID, pci_bus_id, device
+// and modelName are empty rather than guessed, since a wrong gpu would join
+// the job with another GPU's dcgm-exporter series.
+func (e *Exporter) labels(job uint32, user string, g devices.GPU) []string {
+	var index, device string
+	u, ok := e.nvmlByMinor[g.Minor]
+	if ok {
+		index = strconv.Itoa(u.Index)
+		device = "nvidia" + index
+	}
+	return []string{strconv.FormatUint(uint64(job), 10), user, strconv.Itoa(g.Index),
+		index, u.UUID, u.PCIBusID, device, u.Name, e.opts.Hostname}
+}
+
 // dcgmIndex is the number dcgm-exporter gives a GPU (its gpu label, the
 // NVML index), which is what its mapping files are named by. Without NVML
 // the device minor stands in: the driver numbers /dev/nvidiaN like NVML
 // on the usual node, but not on every one.
 func (e *Exporter) dcgmIndex(g devices.GPU) int {
-	if i, ok := e.indexByMinor[g.Minor]; ok {
-		return i
+	if u, ok := e.nvmlByMinor[g.Minor]; ok {
+		return u.Index
 	}
 	return int(g.Minor)
 }
@@ -137,8 +153,7 @@ func (e *Exporter) sample() {
 	e.byMinor = make(map[uint32]inventory.Usage, len(us))
 	for _, u := range us {
 		e.byMinor[u.Minor] = u
-		e.indexByMinor[u.Minor] = u.Index
-		e.uuidByMinor[u.Minor] = u.UUID
+		e.nvmlByMinor[u.Minor] = u
 	}
 }
 

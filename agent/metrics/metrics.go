@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,10 @@ type Options struct {
 	// uid whose lookup failed after users.FailedTTL; the uid in decimal
 	// when it has no name).
 	UserName func(uid uint32) string
+	// Hostname is the Hostname label, dcgm-exporter's (default: the
+	// kernel's host name, os.Hostname, which dcgm-exporter reads too unless
+	// NODE_NAME is set in its environment; empty when it cannot be read).
+	Hostname string
 	// Now is the clock (tests).
 	Now func() time.Time
 	Log *slog.Logger
@@ -104,17 +109,18 @@ type Exporter struct {
 	// Owned by the loop (Run, or a test calling refresh/sample directly).
 	held    map[heldKey]*holding
 	byMinor map[uint32]inventory.Usage // the last sample; nil after a failed one
-	// NVML's index and UUID of each device minor, from the last sample that
-	// had it: kept when a sample fails, so names and labels stay put.
-	indexByMinor map[uint32]int
-	uuidByMinor  map[uint32]string
-	lastErr      string
-	lastMapErr   string
+	// What NVML said of each device minor (index, UUID, PCI address,
+	// name), from the last sample that had it: kept when a sample fails, so
+	// file names and labels stay put.
+	nvmlByMinor map[uint32]inventory.Usage
+	lastErr     string
+	lastMapErr  string
 }
 
 // Metric names; docs/metrics.md describes each.
 const (
 	nameBuildInfo       = "gpufence_build_info"
+	nameNodeInfo        = "gpufence_node_info"
 	nameJobs            = "gpufence_jobs"
 	namePolicies        = "gpufence_policies"
 	nameFilterAttached  = "gpufence_filter_attached"
@@ -138,9 +144,26 @@ const (
 	nameIdleAuditEvents = "gpufence_gpu_idle_events_total"
 )
 
-// jobLabels label every per-job+GPU series: the Slurm job, its user, the
-// GPU's Slurm (gres) index and its UUID (empty without NVML).
-var jobLabels = []string{"job_id", "user", "gpu", "uuid"}
+// Label names of the per-job+GPU series. Those that name the GPU are
+// dcgm-exporter's, with its meanings (the labels its gpuMetricsFormat
+// template writes, internal/pkg/rendermetrics/render_metrics.go in
+// NVIDIA/dcgm-exporter), so a site running both joins them on UUID, or on
+// gpu and Hostname; Slurm's index, which need not be NVML's, has its own.
+const (
+	labelJob      = "job_id"
+	labelUser     = "user"
+	labelSlurmGPU = "slurm_gpu"  // Slurm's (gres) index, as in SLURM_JOB_GPUS
+	labelGPU      = "gpu"        // NVML's index, dcgm-exporter's gpu
+	labelUUID     = "UUID"       // NVML's UUID, GPU-...
+	labelPCIBusID = "pci_bus_id" // 00000000:18:00.0
+	labelDevice   = "device"     // dcgm-exporter's nvidia<NVML index>
+	labelModel    = "modelName"  // NVML's device name
+	labelHostname = "Hostname"
+)
+
+// jobLabels label every per-job+GPU series. The NVML ones are empty (which
+// Prometheus treats as absent) when no sample has named the GPU.
+var jobLabels = []string{labelJob, labelUser, labelSlurmGPU, labelGPU, labelUUID, labelPCIBusID, labelDevice, labelModel, labelHostname}
 
 // New builds an Exporter and registers its metrics; Run starts sampling.
 func New(o Options) *Exporter {
@@ -159,10 +182,13 @@ func New(o Options) *Exporter {
 	if o.UserName == nil {
 		o.UserName = (&users.Cache{}).Name
 	}
+	if o.Hostname == "" {
+		o.Hostname, _ = os.Hostname()
+	}
 	e := &Exporter{
 		opts: o, log: o.Log.With("component", "metrics"), public: prometheus.NewRegistry(), detail: prometheus.NewRegistry(),
 		wake: make(chan struct{}, 1), held: map[heldKey]*holding{},
-		indexByMinor: map[uint32]int{}, uuidByMinor: map[uint32]string{},
+		nvmlByMinor: map[uint32]inventory.Usage{},
 	}
 	e.state.e = e
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -171,6 +197,12 @@ func New(o Options) *Exporter {
 		ConstLabels: prometheus.Labels{"version": version.Version, "goversion": runtime.Version()},
 	})
 	buildInfo.Set(1)
+	nodeInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        nameNodeInfo,
+		Help:        "Always 1; Hostname is the host name as dcgm-exporter labels it, to join node series with its.",
+		ConstLabels: prometheus.Labels{labelHostname: o.Hostname},
+	})
+	nodeInfo.Set(1)
 	e.accessVec = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: nameAccess,
 		Help: "GPU device opens the kernel filter reported, by decision (allowed, denied, would-deny): accesses, not records, since rate-limited ones are counted through the records' suppressed counts. Allowed opens are counted as far as audit.allowed reports them.",
@@ -234,7 +266,7 @@ func New(o Options) *Exporter {
 		e.acceptErrs.WithLabelValues(ListenerPlugin, r)
 		e.acceptErrs.WithLabelValues(ListenerMetrics, r)
 	}
-	e.public.MustRegister(buildInfo, e.accessVec, e.suppressed, e.reqDur, e.reqs, e.shed, e.acceptErrs, e.httpShed,
+	e.public.MustRegister(buildInfo, nodeInfo, e.accessVec, e.suppressed, e.reqDur, e.reqs, e.shed, e.acceptErrs, e.httpShed,
 		e.gpusHeld, e.sampleErrs, e.idleEvents, &e.state)
 	e.detail.MustRegister(e.allocated, e.util, e.memUsed, e.memTotal, e.idle,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

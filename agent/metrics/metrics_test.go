@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,11 +155,15 @@ func TestAllocationSeriesFollowJobs(t *testing.T) {
 	e.Allocations([]Allocation{alloc(12, 1001, gpu(1, 1), gpu(3, 3)), alloc(13, 4242, gpu(0, 0))})
 	e.refresh()
 	reg := e.Registry()
-	if v := one(t, reg, nameAllocated, map[string]string{"job_id": "12", "user": "alice", "gpu": "3", "uuid": ""}); v != 1 {
+	// Without NVML the labels that name the GPU as dcgm-exporter does are
+	// empty, not guessed; Slurm's index and the host are known.
+	host, _ := os.Hostname()
+	if v := one(t, reg, nameAllocated, map[string]string{"job_id": "12", "user": "alice", "slurm_gpu": "3", "Hostname": host,
+		"gpu": "", "UUID": "", "pci_bus_id": "", "device": "", "modelName": ""}); v != 1 {
 		t.Errorf("job 12 GPU 3 allocated = %v", v)
 	}
 	// A uid without a name is labelled with the number.
-	one(t, reg, nameAllocated, map[string]string{"job_id": "13", "user": "4242", "gpu": "0"})
+	one(t, reg, nameAllocated, map[string]string{"job_id": "13", "user": "4242", "slurm_gpu": "0", "gpu": ""})
 	if n := len(series(t, reg, nameAllocated, nil)); n != 3 {
 		t.Errorf("%d allocated series, want 3", n)
 	}
@@ -184,12 +189,13 @@ func TestIdleSecondsAndAuditRecord(t *testing.T) {
 	clk := &clock{t: time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC)}
 	smp := &fakeSampler{}
 	rec := &records{}
-	e := New(Options{Sampler: smp, IdleThreshold: 5, IdleAuditAfter: time.Minute, Audit: rec, UserName: userNames, Now: clk.now})
+	e := New(Options{Sampler: smp, IdleThreshold: 5, IdleAuditAfter: time.Minute, Audit: rec, UserName: userNames, Now: clk.now, Hostname: "gpu-node-07"})
 	reg := e.Registry()
 	const uuid = "GPU-11111111-2222-3333-4444-555555555555"
 	usage := func(util uint32) inventory.Usage {
 		// NVML numbers this GPU 3; Slurm calls it 1 (/dev/nvidia1).
-		return inventory.Usage{Index: 3, Minor: 1, UUID: uuid, UtilizationGPU: util, UtilizationKnown: true, MemoryUsed: 1 << 30, MemoryTotal: 80 << 30}
+		return inventory.Usage{Index: 3, Minor: 1, UUID: uuid, PCIBusID: "00000000:3B:00.0", Name: "NVIDIA H100 80GB HBM3",
+			UtilizationGPU: util, UtilizationKnown: true, MemoryUsed: 1 << 30, MemoryTotal: 80 << 30}
 	}
 	tick := func(d time.Duration) {
 		clk.advance(d)
@@ -197,10 +203,23 @@ func TestIdleSecondsAndAuditRecord(t *testing.T) {
 		e.refresh()
 		e.apply()
 	}
-	lbl := map[string]string{"job_id": "12", "user": "alice", "gpu": "1", "uuid": uuid}
+	// dcgm-exporter's labels with its meanings: gpu and device by NVML's
+	// index, Slurm's under slurm_gpu.
+	lbl := map[string]string{"job_id": "12", "user": "alice", "slurm_gpu": "1", "gpu": "3", "UUID": uuid, "device": "nvidia3",
+		"pci_bus_id": "00000000:3B:00.0", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "gpu-node-07"}
 	smp.set(nil, usage(0))
 	e.Allocations([]Allocation{alloc(12, 1001, gpu(1, 1))})
 	tick(0)
+	for _, name := range []string{nameAllocated, nameUtilization, nameMemUsed, nameMemTotal, nameIdle} {
+		if n := len(series(t, reg, name, lbl)); n != 1 {
+			t.Errorf("%s%v: %d series, want 1", name, lbl, n)
+		}
+		// Slurm's index where NVML's belongs would join the job with
+		// dcgm-exporter's GPU 1, another GPU.
+		if n := len(series(t, reg, name, map[string]string{"gpu": "1"})); n != 0 {
+			t.Errorf("%s: %d series label Slurm's index as gpu", name, n)
+		}
+	}
 	if v := one(t, reg, nameIdle, lbl); v != 0 {
 		t.Errorf("idle at the first idle sample = %v, want 0", v)
 	}
@@ -290,10 +309,10 @@ func TestSampleFailures(t *testing.T) {
 	if n := len(series(t, reg, nameUtilization, nil)); n != 1 {
 		t.Errorf("%d utilization series, want 1 (the MIG GPU has none)", n)
 	}
-	if n := len(series(t, reg, nameIdle, map[string]string{"gpu": "1"})); n != 0 {
+	if n := len(series(t, reg, nameIdle, map[string]string{"slurm_gpu": "1"})); n != 0 {
 		t.Error("idle series for a GPU without utilization")
 	}
-	if v := one(t, reg, nameMemUsed, map[string]string{"gpu": "1"}); v != 5 {
+	if v := one(t, reg, nameMemUsed, map[string]string{"slurm_gpu": "1"}); v != 5 {
 		t.Errorf("memory used of the MIG GPU %v", v)
 	}
 	// A failed sample leaves no stale values and is counted.
@@ -417,21 +436,41 @@ func TestLint(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range problems {
-		if strings.HasPrefix(p.Metric, "gpufence_") {
+		// modelName is dcgm-exporter's label name, camelCase on purpose
+		// (TestOnlyModelNameIsCamelCase keeps it the only one).
+		if strings.HasPrefix(p.Metric, "gpufence_") && p.Text != "label names should be written in 'snake_case' not 'camelCase'" {
 			t.Errorf("%s: %s", p.Metric, p.Text)
 		}
 	}
 }
+
+// The lint exception above covers modelName alone.
+func TestOnlyModelNameIsCamelCase(t *testing.T) {
+	camel := regexp.MustCompile(`[a-z][A-Z]`)
+	for _, l := range jobLabels {
+		if camel.MatchString(l) && l != labelModel {
+			t.Errorf("label %s is camelCase and not dcgm-exporter's modelName", l)
+		}
+	}
+}
+
+// populatedUsage is what NVML says of the GPU populated's job holds: its
+// index 0, where Slurm's is 2.
+var populatedUsage = inventory.Usage{Index: 0, Minor: 2, UUID: "GPU-x", PCIBusID: "00000000:18:00.0", Name: "NVIDIA H100 80GB HBM3", UtilizationKnown: true}
+
+// populatedJobSeries is populated's job's allocation as the text format
+// writes it.
+const populatedJobSeries = `gpufence_job_gpu_allocated{Hostname="gpu-node-07",UUID="GPU-x",device="nvidia0",gpu="0",job_id="9",modelName="NVIDIA H100 80GB HBM3",pci_bus_id="00000000:18:00.0",slurm_gpu="2",user="root"} 1`
 
 // populated is an exporter with a series in every family.
 func populated(t *testing.T) *Exporter {
 	t.Helper()
 	smp := &fakeSampler{}
 	clk := &clock{t: time.Unix(1e9, 0)}
-	e := New(Options{Sampler: smp, IdleAuditAfter: time.Second, Audit: &records{}, Now: clk.now,
+	e := New(Options{Sampler: smp, IdleAuditAfter: time.Second, Audit: &records{}, Now: clk.now, Hostname: "gpu-node-07",
 		AuditStats: func() audit.Stats { return audit.Stats{Sinks: map[string]audit.SinkStats{"file": {}}} }})
 	follow(e, Counts{})
-	smp.set(nil, inventory.Usage{Minor: 2, UUID: "GPU-x", UtilizationKnown: true})
+	smp.set(nil, populatedUsage)
 	e.sample()
 	e.refresh()
 	e.apply()
@@ -439,7 +478,7 @@ func populated(t *testing.T) *Exporter {
 	e.apply()
 	smp.set(errors.New("boom"))
 	e.sample()
-	smp.set(nil, inventory.Usage{Minor: 2, UUID: "GPU-x", UtilizationKnown: true})
+	smp.set(nil, populatedUsage)
 	e.sample()
 	e.apply()
 	e.Tap(&records{}).Emit(audit.Record{Event: audit.EventGPUAccess, Decision: audit.DecisionDenied, Suppressed: 1})
@@ -480,7 +519,7 @@ func TestHandler(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	code, body := get(detail, "/metrics")
-	for _, want := range []string{`gpufence_build_info{goversion="go`, `gpufence_job_gpu_allocated{gpu="2",job_id="9",user="root",uuid="GPU-x"} 1`, "go_goroutines", "process_open_fds"} {
+	for _, want := range []string{`gpufence_build_info{goversion="go`, populatedJobSeries, "go_goroutines", "process_open_fds"} {
 		if code != 200 || !strings.Contains(body, want) {
 			t.Errorf("/metrics with detail: %d, no %q", code, want)
 		}
@@ -489,7 +528,7 @@ func TestHandler(t *testing.T) {
 	if code != 200 || !strings.Contains(body, "gpufence_gpus_allocated 1") || !strings.Contains(body, `gpufence_accept_errors_total{listener="plugin",reason="EMFILE"} 0`) {
 		t.Errorf("public /metrics: %d, no node aggregates:\n%s", code, body)
 	}
-	for _, leak := range []string{"job_id=", "user=", "uuid=", "\ngpufence_job_", "\ngpufence_gpu_idle_seconds", "\nprocess_", "\ngo_"} {
+	for _, leak := range []string{"job_id=", "user=", "UUID=", "slurm_gpu=", "gpu=", "pci_bus_id=", "\ngpufence_job_", "\ngpufence_gpu_idle_seconds", "\nprocess_", "\ngo_"} {
 		if strings.Contains(body, leak) {
 			t.Errorf("public /metrics serves %q", leak)
 		}

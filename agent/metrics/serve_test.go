@@ -72,7 +72,7 @@ func TestServeWebConfig(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	const jobSeries = `gpufence_job_gpu_allocated{gpu="2",job_id="9",user="root",uuid="GPU-x"} 1`
+	const jobSeries = populatedJobSeries
 
 	open := serve("")
 	code, body := scrape(open, "", "")

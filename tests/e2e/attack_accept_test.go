@@ -182,8 +182,9 @@ func TestPrivilegedAttackMetricsExhaustion(t *testing.T) {
 			if err != nil || code != http.StatusOK {
 				t.Fatalf("unauthenticated scrape: %d %v", code, err)
 			}
-			if strings.Contains(body, "job_id=") || strings.Contains(body, "user=") || strings.Contains(body, "\nprocess_open_fds") {
-				t.Fatalf("the default endpoint names jobs, users or the agent's fds to an unauthenticated scraper:\n%s", grepLines(body, "job_id=|user=|process_open_fds"))
+			if strings.Contains(body, "job_id=") || strings.Contains(body, "user=") || strings.Contains(body, "slurm_gpu=") ||
+				strings.Contains(body, "UUID=") || strings.Contains(body, "\nprocess_open_fds") {
+				t.Fatalf("the default endpoint names jobs, users, GPUs or the agent's fds to an unauthenticated scraper:\n%s", grepLines(body, "job_id=|user=|slurm_gpu=|UUID=|process_open_fds"))
 			}
 			if regexp.MustCompile(`(?m)^gpufence_gpus_allocated [1-9]`).MatchString(body) {
 				break
@@ -373,7 +374,8 @@ func TestPrivilegedAttackMetricsLeakAuthenticated(t *testing.T) {
 			t.Errorf("%s: %d, want 401 and no series:\n%s", tc.name, resp.StatusCode, b)
 		}
 	}
-	want := regexp.MustCompile(`gpufence_job_gpu_allocated\{gpu="` + strconv.Itoa(gpu) + `",job_id="` + regexp.QuoteMeta(job) + `",user="` + user + `"`)
+	// Labels in the exposition's (sorted) order; slurm_gpu is Slurm's index.
+	want := regexp.MustCompile(`gpufence_job_gpu_allocated\{[^}]*job_id="` + regexp.QuoteMeta(job) + `",[^}]*slurm_gpu="` + strconv.Itoa(gpu) + `",user="` + user + `"\}`)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		code, body, err := st.scrape("/metrics", true)

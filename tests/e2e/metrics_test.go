@@ -252,8 +252,18 @@ func TestPrivilegedMetrics(t *testing.T) {
 	sel := fmt.Sprintf(`gpufence_job_gpu_allocated{job_id=%q}`, job)
 	got := prom.waitQuery(t, sel, 20*time.Second, "job series appears", func(s []promSample) bool { return len(s) > 0 })
 	t.Logf("job %s's series in Prometheus %s after the test began", job, time.Since(t0).Round(time.Millisecond))
-	if len(got) != 1 || got[0].Value != 1 || got[0].Metric["user"] != user || got[0].Metric["gpu"] != strconv.Itoa(gpu) {
-		t.Errorf("%s = %v, want one series with user %s and gpu %d", sel, got, user, gpu)
+	// Slurm's index is slurm_gpu; gpu, UUID and the rest of dcgm-exporter's
+	// GPU labels are NVML's, which the fake GPUs lack: empty, so Prometheus
+	// has none of them. Hostname is the agent's host, this one.
+	host, _ := os.Hostname()
+	if len(got) != 1 || got[0].Value != 1 || got[0].Metric["user"] != user || got[0].Metric["slurm_gpu"] != strconv.Itoa(gpu) ||
+		got[0].Metric["Hostname"] != host {
+		t.Errorf("%s = %v, want one series with user %s, slurm_gpu %d and Hostname %s", sel, got, user, gpu, host)
+	}
+	for _, l := range []string{"gpu", "UUID", "pci_bus_id", "device", "modelName"} {
+		if v, ok := got[0].Metric[l]; len(got) == 1 && ok {
+			t.Errorf("%s has %s=%q without NVML", sel, l, v)
+		}
 	}
 	// dcgm-exporter's file for that GPU (no NVML here: named by the device
 	// minor, which is the index for the fake GPUs) names the job.
