@@ -142,15 +142,13 @@ func TestLateAfterJobHoldsGPUs(t *testing.T) {
 	}
 }
 
-// TestLatePendingProlog: while slurmd -G keeps failing on an AutoDetect
-// node, a prolog's GPUs are recorded as given (not a broken job), and its
-// GPU step is refused with the table's reason; once slurmd answers, a new
-// step of the same job gets its GPU.
-func TestLatePendingProlog(t *testing.T) {
+// autoDetectBoot is an AutoDetect node booted while slurmd -G failed:
+// slurmd answers (GPU 0 is /dev/nvidia2, minor 2) once answer is set.
+func autoDetectBoot(t *testing.T) (*env, *gputable.Table, *gputable.Late, *atomic.Bool) {
 	auto := gputable.Input{Gres: slurm.GresConf{AutoDetect: "nvml"}, GresErr: slurm.ErrNoGPUs}
 	start := auto
 	start.SlurmdErr = errBoot
-	var answer atomic.Bool
+	answer := new(atomic.Bool)
 	v, tab, l := lateEnv(t, start, func() gputable.Input {
 		if !answer.Load() {
 			return start
@@ -159,6 +157,15 @@ func TestLatePendingProlog(t *testing.T) {
 		in.Slurmd = slurm.SlurmdView{GPUs: files(2, 3, 0, 1)}
 		return in
 	})
+	return v, tab, l, answer
+}
+
+// TestLatePendingProlog: while slurmd -G keeps failing on an AutoDetect
+// node, a prolog's GPUs are recorded as given (not a broken job), and its
+// GPU step is refused with the table's reason; once slurmd answers, a new
+// step of the same job gets its GPU.
+func TestLatePendingProlog(t *testing.T) {
+	v, tab, l, answer := autoDetectBoot(t)
 	v.prolog(1, 1000, str("0"))
 	if j, _ := v.reg.Job(1); j.Broken != "" || len(j.GPUs) != 1 {
 		t.Fatalf("job 1 recorded as %+v", j)
@@ -197,18 +204,7 @@ func TestLatePendingUnknownGPU(t *testing.T) {
 		}
 	})
 	t.Run("AutoDetect, settled without the GPU", func(t *testing.T) {
-		auto := gputable.Input{Gres: slurm.GresConf{AutoDetect: "nvml"}, GresErr: slurm.ErrNoGPUs}
-		start := auto
-		start.SlurmdErr = errBoot
-		var answer atomic.Bool
-		v, tab, l := lateEnv(t, start, func() gputable.Input {
-			if !answer.Load() {
-				return start
-			}
-			in := auto
-			in.Slurmd = slurm.SlurmdView{GPUs: files(2, 3, 0, 1)}
-			return in
-		})
+		v, tab, l, answer := autoDetectBoot(t)
 		v.prolog(1, 1000, str("1,9"))
 		answer.Store(true)
 		time.Sleep(20 * time.Millisecond)
