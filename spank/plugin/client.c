@@ -670,16 +670,17 @@ static bool hung_marker(const char *socket, char *path, size_t len)
 	       st.st_uid == geteuid() && !(st.st_mode & 022);
 }
 
-/* Whether an exchange on this node found the agent hung a moment ago. */
-static bool hung_recently(const char *socket)
+/*
+ * Whether an exchange on this node found the agent hung a moment ago; path
+ * is the marker hung_marker names ("" where there is none to trust).
+ */
+static bool hung_recently(const char *path)
 {
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
 	struct timespec now;
 	struct stat st;
 	long long age;
 
-	if (!hung_marker(socket, path, sizeof(path)) || lstat(path, &st) ||
-	    !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+	if (!path[0] || lstat(path, &st) || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
 		return false;
 	clock_gettime(CLOCK_REALTIME, &now);
 	age = (long long)now.tv_sec - (long long)st.st_mtim.tv_sec;
@@ -687,13 +688,12 @@ static bool hung_recently(const char *socket)
 }
 
 /* An exchange waited its whole timeout: say so, with now as the time. */
-static void mark_hung(const char *socket)
+static void mark_hung(const char *path)
 {
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
 	struct stat st;
 	int fd;
 
-	if (!hung_marker(socket, path, sizeof(path)))
+	if (!path[0])
 		return;
 	fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
 	if (fd < 0)
@@ -704,13 +704,10 @@ static void mark_hung(const char *socket)
 }
 
 /* The agent answered: later exchanges wait their full timeout again. */
-static void clear_hung(const char *socket)
+static void clear_hung(const char *path)
 {
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
-	struct stat st;
-
-	if (hung_marker(socket, path, sizeof(path)) && !lstat(path, &st))
-		unlink(path);
+	if (path[0])
+		unlink(path); /* ENOENT, the usual case, is no error */
 }
 
 /*
@@ -732,6 +729,8 @@ static int call(const char *socket, int timeout_ms, const uint8_t *req, int reql
 	long long start = now_ms(), end;
 	int rc, probe_ms;
 	bool hung, waited = false;
+	/* The marker's path, found once per call ("" when not to be trusted). */
+	char marker[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
 
 	*body = NULL;
 	memset(r, 0, sizeof(*r)); /* error_len: whether the agent itself refused */
@@ -748,7 +747,9 @@ static int call(const char *socket, int timeout_ms, const uint8_t *req, int reql
 		return GPUFENCE_E_INVALID;
 	}
 	probe_ms = timeout_ms < GF_PROBE_MS ? timeout_ms : GF_PROBE_MS;
-	hung = hung_recently(socket);
+	if (!hung_marker(socket, marker, sizeof(marker)))
+		marker[0] = 0;
+	hung = hung_recently(marker);
 	if (hung) {
 		rc = try_once(socket, start + probe_ms, req, (size_t)reqlen, body, r, &f);
 	} else {
@@ -756,7 +757,7 @@ static int call(const char *socket, int timeout_ms, const uint8_t *req, int reql
 		rc = try_once(socket, start + timeout_ms, req, (size_t)reqlen, body, r, &f);
 		if (rc == GPUFENCE_E_UNREACHABLE && f.deadline) {
 			waited = true;
-			mark_hung(socket);
+			mark_hung(marker);
 			free(*body);
 			*body = NULL;
 			memset(&f, 0, sizeof(f));
@@ -770,7 +771,7 @@ static int call(const char *socket, int timeout_ms, const uint8_t *req, int reql
 		}
 	}
 	if (rc == GPUFENCE_OK || (rc == GPUFENCE_E_REFUSED && r->error_len))
-		clear_hung(socket);
+		clear_hung(marker);
 	if (rc == GPUFENCE_OK)
 		return rc;
 	free(*body);
