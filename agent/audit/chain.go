@@ -17,29 +17,16 @@ import (
 // record breaks the chain at the record that follows it; gpufence audit
 // verify names the first such record.
 
-// hashSuffix is how every chained line ends: `,"hash":"<64 hex>"}`.
+// hashPrefix starts how every chained line ends: `,"hash":"<64 hex>"}`.
 const (
 	hashPrefix = `,"hash":"`
 	hashLen    = 64
 )
 
 // RunStartHash is the prev_hash of a run's first record.
-func RunStartHash(runID string) string {
-	h := sha256.Sum256([]byte("gpufence audit run " + runID))
-	return hex.EncodeToString(h[:])
-}
+func RunStartHash(runID string) string { return hashOf([]byte("gpufence audit run " + runID)) }
 
-func validRunID(s string) bool {
-	if len(s) != 32 {
-		return false
-	}
-	for _, c := range s {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
+func validRunID(s string) bool { return len(s) == 32 && isHex(s) }
 
 // chainLine encodes r with prev_hash set and returns the line (with its
 // newline) and its hash. r is left unchanged.
@@ -50,8 +37,7 @@ func chainLine(r *Record, prev string) ([]byte, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	sum := sha256.Sum256(b)
-	h := hex.EncodeToString(sum[:])
+	h := hashOf(b)
 	line := make([]byte, 0, len(b)+len(hashPrefix)+hashLen+3)
 	line = append(line, b[:len(b)-1]...)
 	line = append(line, hashPrefix...)
