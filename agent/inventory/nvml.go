@@ -117,30 +117,49 @@ func (inv *Inventory) eachDevice(fn func(i int, dev nvml.Device) error) error {
 	return nil
 }
 
-func readGPU(i int, dev nvml.Device) (GPU, error) {
-	g := GPU{Index: i}
-	fail := func(what string, ret nvml.Return) (GPU, error) {
-		return GPU{}, fmt.Errorf("NVML GPU %d: %s: %v", i, what, ret)
+// identity is what names a GPU: its device minor, UUID, PCI bus id and
+// name, read alike for the inventory and for each sample.
+type identity struct {
+	minor                int
+	uuid, pciBusID, name string
+}
+
+func readIdentity(i int, dev nvml.Device) (identity, error) {
+	fail := func(what string, ret nvml.Return) (identity, error) {
+		return identity{}, fmt.Errorf("NVML GPU %d: %s: %v", i, what, ret)
 	}
-	minor, ret := dev.GetMinorNumber()
-	if ret != nvml.SUCCESS {
+	var id identity
+	var ret nvml.Return
+	if id.minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
 		return fail("minor number", ret)
 	}
-	if minor < 0 {
-		return GPU{}, fmt.Errorf("NVML GPU %d: negative minor number %d", i, minor)
-	}
-	g.Minor = uint32(minor)
-	if g.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
+	if id.uuid, ret = dev.GetUUID(); ret != nvml.SUCCESS {
 		return fail("UUID", ret)
 	}
 	pci, ret := dev.GetPciInfo()
 	if ret != nvml.SUCCESS {
 		return fail("PCI info", ret)
 	}
-	g.PCIBusID = busID(pci)
-	if g.Name, ret = dev.GetName(); ret != nvml.SUCCESS {
+	id.pciBusID = busID(pci)
+	if id.name, ret = dev.GetName(); ret != nvml.SUCCESS {
 		return fail("name", ret)
 	}
+	return id, nil
+}
+
+func readGPU(i int, dev nvml.Device) (GPU, error) {
+	g := GPU{Index: i}
+	fail := func(what string, ret nvml.Return) (GPU, error) {
+		return GPU{}, fmt.Errorf("NVML GPU %d: %s: %v", i, what, ret)
+	}
+	id, err := readIdentity(i, dev)
+	if err != nil {
+		return GPU{}, err
+	}
+	if id.minor < 0 {
+		return GPU{}, fmt.Errorf("NVML GPU %d: negative minor number %d", i, id.minor)
+	}
+	g.Minor, g.UUID, g.PCIBusID, g.Name = uint32(id.minor), id.uuid, id.pciBusID, id.name
 	current, _, ret := dev.GetMigMode()
 	switch ret {
 	case nvml.SUCCESS:
@@ -226,23 +245,11 @@ func (inv *Inventory) Sample() ([]Usage, error) {
 		fail := func(what string, ret nvml.Return) error {
 			return fmt.Errorf("NVML GPU %d: %s: %v", i, what, ret)
 		}
-		u := Usage{Index: i}
-		minor, ret := dev.GetMinorNumber()
-		if ret != nvml.SUCCESS {
-			return fail("minor number", ret)
+		id, err := readIdentity(i, dev)
+		if err != nil {
+			return err
 		}
-		u.Minor = uint32(minor)
-		if u.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
-			return fail("UUID", ret)
-		}
-		pci, ret := dev.GetPciInfo()
-		if ret != nvml.SUCCESS {
-			return fail("PCI info", ret)
-		}
-		u.PCIBusID = busID(pci)
-		if u.Name, ret = dev.GetName(); ret != nvml.SUCCESS {
-			return fail("name", ret)
-		}
+		u := Usage{Index: i, Minor: uint32(id.minor), UUID: id.uuid, PCIBusID: id.pciBusID, Name: id.name}
 		switch util, ret := dev.GetUtilizationRates(); ret {
 		case nvml.SUCCESS:
 			u.UtilizationGPU, u.UtilizationKnown = util.Gpu, true
