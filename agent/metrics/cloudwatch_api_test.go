@@ -477,28 +477,7 @@ func TestCloudWatchAlarmCheckFails(t *testing.T) {
 // declarations select, the dimension sets it is published with.
 func emfDeclarations(t *testing.T) map[string][][]string {
 	t.Helper()
-	b, err := os.ReadFile(cloudwatchDir + "amazon-cloudwatch-agent.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cw struct {
-		Logs struct {
-			MetricsCollected struct {
-				Prometheus struct {
-					EMF struct {
-						Namespace    string `json:"metric_namespace"`
-						Declarations []struct {
-							Dimensions [][]string `json:"dimensions"`
-							Selectors  []string   `json:"metric_selectors"`
-						} `json:"metric_declaration"`
-					} `json:"emf_processor"`
-				} `json:"prometheus"`
-			} `json:"metrics_collected"`
-		} `json:"logs"`
-	}
-	if err := json.Unmarshal(b, &cw); err != nil {
-		t.Fatal(err)
-	}
+	cw := readAgentConfig(t)
 	out := map[string][][]string{}
 	for _, d := range cw.Logs.MetricsCollected.Prometheus.EMF.Declarations {
 		for _, sel := range d.Selectors {

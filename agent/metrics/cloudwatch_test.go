@@ -16,47 +16,56 @@ import (
 
 const cloudwatchDir = "../../packaging/parallelcluster/cloudwatch/"
 
+// agentConfig is what the tests read of the CloudWatch agent's
+// configuration for ParallelCluster.
+type agentConfig struct {
+	Logs struct {
+		LogsCollected struct {
+			Files struct {
+				CollectList []struct {
+					FilePath     string `json:"file_path"`
+					LogGroupName string `json:"log_group_name"`
+				} `json:"collect_list"`
+			} `json:"files"`
+		} `json:"logs_collected"`
+		MetricsCollected struct {
+			Prometheus struct {
+				ConfigPath string `json:"prometheus_config_path"`
+				EMF        struct {
+					Namespace    string            `json:"metric_namespace"`
+					Units        map[string]string `json:"metric_unit"`
+					Declarations []struct {
+						SourceLabels []string   `json:"source_labels"`
+						LabelMatcher string     `json:"label_matcher"`
+						Dimensions   [][]string `json:"dimensions"`
+						Selectors    []string   `json:"metric_selectors"`
+					} `json:"metric_declaration"`
+				} `json:"emf_processor"`
+			} `json:"prometheus"`
+		} `json:"metrics_collected"`
+	} `json:"logs"`
+}
+
+func readAgentConfig(t *testing.T) agentConfig {
+	t.Helper()
+	b, err := os.ReadFile(cloudwatchDir + "amazon-cloudwatch-agent.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cw agentConfig
+	if err := json.Unmarshal(b, &cw); err != nil {
+		t.Fatalf("amazon-cloudwatch-agent.json: %v", err)
+	}
+	return cw
+}
+
 // TestCloudWatchConfig keeps the CloudWatch agent configuration for
 // ParallelCluster true to the agent: every metric its EMF declarations
 // select is one the agent serves, every dimension a label that metric has
 // (or one the scrape config adds), the scrape reaches the agent's default
 // endpoint, and the audit file shipped is the agent's default one.
 func TestCloudWatchConfig(t *testing.T) {
-	b, err := os.ReadFile(cloudwatchDir + "amazon-cloudwatch-agent.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cw struct {
-		Logs struct {
-			LogsCollected struct {
-				Files struct {
-					CollectList []struct {
-						FilePath     string `json:"file_path"`
-						LogGroupName string `json:"log_group_name"`
-					} `json:"collect_list"`
-				} `json:"files"`
-			} `json:"logs_collected"`
-			MetricsCollected struct {
-				Prometheus struct {
-					ConfigPath string `json:"prometheus_config_path"`
-					EMF        struct {
-						Namespace    string            `json:"metric_namespace"`
-						Units        map[string]string `json:"metric_unit"`
-						Declarations []struct {
-							SourceLabels []string   `json:"source_labels"`
-							LabelMatcher string     `json:"label_matcher"`
-							Dimensions   [][]string `json:"dimensions"`
-							Selectors    []string   `json:"metric_selectors"`
-						} `json:"metric_declaration"`
-					} `json:"emf_processor"`
-				} `json:"prometheus"`
-			} `json:"metrics_collected"`
-		} `json:"logs"`
-	}
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	if err := dec.Decode(&cw); err != nil {
-		t.Fatalf("amazon-cloudwatch-agent.json: %v", err)
-	}
+	cw := readAgentConfig(t)
 	var scrape struct {
 		ScrapeConfigs []struct {
 			JobName   string `yaml:"job_name"`
