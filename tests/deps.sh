@@ -10,12 +10,13 @@ pkgs=(make gcc libc6-dev git curl unzip ca-certificates
       libslurm-dev slurmctld slurmd slurm-client munge
       clang llvm protobuf-compiler bpftool prometheus
       lintian rpmlint rpm cpio debootstrap gpgv debian-archive-keyring xz-utils
-      python3-botocore rsyslog rsyslog-gnutls
+      python3-botocore rsyslog rsyslog-gnutls apache2-utils
       libmunge-dev libdbus-1-dev libhwloc-dev libjson-c-dev libyaml-dev pkg-config)
 # python3-botocore: the CloudWatch API's service model, which
 # agent/metrics/cloudwatch_api_test.go checks the shipped alarm and dashboard
 # against; rsyslog, rsyslog-gnutls: the collector of the syslog-over-TLS
-# test (agent/audit runs an rsyslogd of its own). The last line: what building Slurm from a release tarball needs
+# test (agent/audit runs an rsyslogd of its own); apache2-utils: htpasswd,
+# which gpufence-node.sh --cloudwatch uses (tests/pcluster). The last line: what building Slurm from a release tarball needs
 # (tests/slurmrel/build-source.sh, for the e2e suite on other releases).
 missing=()
 for p in "${pkgs[@]}"; do
