@@ -159,7 +159,9 @@ func New(cfg config.Config, log *slog.Logger, newFilter FilterFactory, nvidiaMaj
 			d.log.Warn("cannot read the last agent's audit counts; accesses counted while no agent ran are not reported", "err", err)
 		}
 	}
-	if d.table.HasShares() && cfg.RecoverFromSlurmctld {
+	// A table slurmd settles late may gain shares; the book asks
+	// slurmctld only while the table has them.
+	if cfg.RecoverFromSlurmctld && (d.table.HasShares() || d.late != nil) {
 		d.shares = shares.New(jobSource(cfg), d.table, log.With("component", "shares"))
 	}
 	d.ev = events.New(events.Options{Log: log.With("component", "events"), Recorder: rec, Owners: d.reg, Table: d.table,

@@ -32,6 +32,9 @@ type Source interface {
 // Placer places a shared GRES device on a GPU; *gputable.Table implements it.
 type Placer interface {
 	ShareGPU(kind string, dev int) (int, bool)
+	// HasShares tells whether the table has shared GRES now; a table that
+	// slurmd settles late can gain (or lose) them while the agent runs.
+	HasShares() bool
 }
 
 // Timeout bounds one question to slurmctld.
@@ -75,8 +78,14 @@ func (b *Book) Of(id uint32) []audit.Share {
 
 // Jobs updates the book to the agent's records: each job with GPUs not
 // asked about yet is queued (never blocking: it is called with the
-// records' lock held), and jobs no longer recorded are forgotten.
+// records' lock held), and jobs no longer recorded are forgotten. While
+// the table has no shared GRES, slurmctld is not asked: every job is
+// forgotten, and asked about at the first change after the table gains
+// shares.
 func (b *Book) Jobs(ids []uint32) {
+	if !b.Table.HasShares() {
+		ids = nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, id := range ids {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +41,8 @@ func (c *ctld) count() int {
 
 // placer: shard devices 0-3 on GPUs 0-3, mps device 0 on GPU 1.
 type placer struct{}
+
+func (placer) HasShares() bool { return true }
 
 func (placer) ShareGPU(kind string, dev int) (int, bool) {
 	switch {
@@ -128,5 +131,48 @@ func TestJobsNeverBlocks(t *testing.T) {
 	}
 	if len(b.queue) != queueSize {
 		t.Errorf("%d queued, want %d", len(b.queue), queueSize)
+	}
+}
+
+// lateTable has no shares until slurmd's late answer brings them.
+type lateTable struct {
+	placer
+	has atomic.Bool
+}
+
+func (l *lateTable) HasShares() bool { return l.has.Load() }
+
+// TestBookLateShares: on a node whose table gains shared GRES after the
+// agent started (slurmd answered late), jobs are asked about from then on,
+// and not before.
+func TestBookLateShares(t *testing.T) {
+	src := &ctld{jobs: map[uint32]slurm.ControllerJob{7: {ID: 7, Shares: []slurm.Share{{Kind: "shard", Device: 1, Count: 2}}}}}
+	table := &lateTable{}
+	b := New(src, table, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	changed := make(chan struct{}, 10)
+	b.Changed = func() { changed <- struct{}{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go b.Run(ctx)
+	b.Jobs([]uint32{7})
+	time.Sleep(100 * time.Millisecond)
+	if n := src.count(); n != 0 {
+		t.Fatalf("slurmctld asked %d times while the table has no shares", n)
+	}
+	table.has.Store(true)
+	b.Jobs([]uint32{7})
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("job 7's shares never learned after the table gained shares")
+	}
+	if got := b.Of(7); !slices.Equal(got, []audit.Share{{Kind: "shard", GPU: 1, Count: 2}}) {
+		t.Errorf("job 7: %v", got)
+	}
+	// The table loses its shares again: nothing is named any more.
+	table.has.Store(false)
+	b.Jobs([]uint32{7})
+	if got := b.Of(7); got != nil {
+		t.Errorf("job 7 after the table lost its shares: %v", got)
 	}
 }
