@@ -4,6 +4,9 @@ package audit
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"os"
 	"strings"
 	"testing"
 )
@@ -20,48 +23,54 @@ func TestTail(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	run := func(args ...string) (string, int) {
+	run := func(o TailOptions) (string, error) {
 		var out, errb bytes.Buffer
-		code := Tail(append([]string{"--file", opts.File}, args...), &out, &errb)
-		return out.String() + errb.String(), code
+		if o.N == 0 {
+			o.N = 20
+		}
+		o.File = opts.File
+		err := Tail(context.Background(), o, &out, &errb)
+		return out.String() + errb.String(), err
 	}
 	for _, tc := range []struct {
-		args      []string
+		o         TailOptions
 		lines     int
 		want, not string
 	}{
-		{nil, 14, "gpu_access", ""},
-		{[]string{"--denied"}, 3, "would-deny", "allowed"},
-		{[]string{"--job", "13"}, 1, "job_without_prolog", "policy_applied"},
-		{[]string{"--user", "alice"}, 5, "alice(1000)", "would-deny"},
-		{[]string{"--user", "0"}, 1, "(0)", "alice"},
-		{[]string{"-n", "2"}, 2, "agent_stop", "agent_start"},
-		{[]string{"--json", "--denied", "--job", "12"}, 2, `"decision":"denied"`, "allowed"},
+		{TailOptions{}, 14, "gpu_access", ""},
+		{TailOptions{Denied: true}, 3, "would-deny", "allowed"},
+		{TailOptions{JobID: 13}, 1, "job_without_prolog", "policy_applied"},
+		{TailOptions{User: "alice"}, 5, "alice(1000)", "would-deny"},
+		{TailOptions{User: "0"}, 1, "(0)", "alice"},
+		{TailOptions{N: 2}, 2, "agent_stop", "agent_start"},
+		{TailOptions{Format: FormatJSON, Denied: true, JobID: 12}, 2, `"decision":"denied"`, "allowed"},
 	} {
-		out, code := run(tc.args...)
-		if code != 0 {
-			t.Fatalf("%v: exit %d: %s", tc.args, code, out)
+		out, err := run(tc.o)
+		if err != nil {
+			t.Fatalf("%+v: %v: %s", tc.o, err, out)
 		}
 		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 		if len(lines) != tc.lines || !strings.Contains(out, tc.want) || (tc.not != "" && strings.Contains(out, tc.not)) {
-			t.Errorf("%v: %d lines, want %d with %q and without %q:\n%s", tc.args, len(lines), tc.lines, tc.want, tc.not, out)
+			t.Errorf("%+v: %d lines, want %d with %q and without %q:\n%s", tc.o, len(lines), tc.lines, tc.want, tc.not, out)
 		}
 	}
-	out, _ := run("--job", "12", "--denied")
+	out, _ := run(TailOptions{JobID: 12, Denied: true})
 	want := "gpu_access           denied     12.0         alice(1000)      4242 python            /usr/bin/python3.11      /dev/nvidia3 gpu3    -      job 12 step 0 (alice) denied open of /dev/nvidia3"
 	if !strings.Contains(out, want) {
 		t.Errorf("human line:\n%s\nwant it to contain:\n%s", out, want)
 	}
-	out, _ = run("--user", "0")
+	out, _ = run(TailOptions{User: "0"})
 	if want := "77 mknod               [exec'd since] /usr/bin/sleep"; !strings.Contains(out, want) {
 		t.Errorf("human line of a process that exec'd since:\n%s\nwant it to contain %q", out, want)
 	}
-	if _, code := run("--bogus"); code != 2 {
-		t.Errorf("unknown flag: exit %d", code)
+	for _, o := range []TailOptions{{Format: "yaml"}, {Event: "no_such_event"}, {N: -1}} {
+		if _, err := run(o); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
 	}
 	var errb bytes.Buffer
-	if code := Tail([]string{"--file", "/nonexistent/audit.jsonl"}, &errb, &errb); code != 1 {
-		t.Errorf("missing file: exit %d", code)
+	if err := Tail(context.Background(), TailOptions{File: "/nonexistent/audit.jsonl"}, &errb, &errb); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
 	}
 }
 
@@ -91,8 +100,19 @@ func TestTailEscapes(t *testing.T) {
 	}
 	for _, args := range [][]string{nil, {"--json"}, {"--denied", "--json"}, {"--job", "3"}} {
 		var out, errb bytes.Buffer
-		if code := Tail(append([]string{"--file", opts.File}, args...), &out, &errb); code != 0 {
-			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		o := TailOptions{File: opts.File, N: 20}
+		for _, a := range args {
+			switch a {
+			case "--json":
+				o.Format = FormatJSON
+			case "--denied":
+				o.Denied = true
+			case "3":
+				o.JobID = 3
+			}
+		}
+		if err := Tail(context.Background(), o, &out, &errb); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, errb.String())
 		}
 		if hasControl(strings.TrimSuffix(out.String(), "\n")) || strings.Count(out.String(), "\n") != 1 {
 			t.Errorf("tail %v printed a control character or an extra line: %q", args, out.String())
