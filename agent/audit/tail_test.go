@@ -4,11 +4,17 @@ package audit
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestTail(t *testing.T) {
@@ -124,5 +130,139 @@ func TestTailEscapes(t *testing.T) {
 		if !strings.Contains(out.String(), shown) {
 			t.Errorf("tail %v: %q does not show the escaped name", args, out.String())
 		}
+	}
+}
+
+func TestParseTimeBound(t *testing.T) {
+	now := time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		in   string
+		want time.Time
+	}{
+		{"2026-05-04T10:00:00Z", time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC)},
+		{"2026-05-04T12:00:00+02:00", time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC)},
+		{"2026-05-04T10:00:00.5Z", time.Date(2026, 5, 4, 10, 0, 0, 5e8, time.UTC)},
+		{"2026-05-01", time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)},
+		{"90s", now.Add(-90 * time.Second)},
+		{"30m", now.Add(-30 * time.Minute)},
+		{"1h", now.Add(-time.Hour)},
+		{"1h30m", now.Add(-90 * time.Minute)},
+		{"2d", now.Add(-48 * time.Hour)},
+		{"1d12h", now.Add(-36 * time.Hour)},
+	} {
+		got, err := ParseTimeBound(tc.in, now)
+		if err != nil || !got.Equal(tc.want) {
+			t.Errorf("%q: %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	for _, in := range []string{"", "yesterday", "0", "0s", "-1h", "1x", "d", "2dd", "1.5d", "-2d", "2026-13-01", "2026-05-04 10:00:00", "2026-05-04T10:00:00"} {
+		if got, err := ParseTimeBound(in, now); err == nil || !strings.Contains(err.Error(), strconv.Quote(in)) {
+			t.Errorf("%q: %v, %v; want an error naming it", in, got, err)
+		}
+	}
+}
+
+// writeTailFile writes records with the given messages, one a minute from
+// start, as gzip when gz.
+func writeTailFile(t *testing.T, path string, gz bool, start time.Time, msgs ...string) {
+	t.Helper()
+	var b bytes.Buffer
+	for i, m := range msgs {
+		fmt.Fprintf(&b, `{"time":%q,"event":"config_reload","severity":"notice","message":%q}`+"\n", start.Add(time.Duration(i)*time.Minute).Format(time.RFC3339), m)
+	}
+	data := b.Bytes()
+	if gz {
+		var z bytes.Buffer
+		zw := gzip.NewWriter(&z)
+		zw.Write(data)
+		must(t, zw.Close())
+		data = z.Bytes()
+	}
+	must(t, os.WriteFile(path, data, 0o640))
+}
+
+// TestTailRotated: tail reads logrotate's rotated files (gzip'd or not,
+// numbered or dated) oldest first, then the live file, with -n and the
+// filters across all of them, and unpacks no more old files than -n needs.
+func TestTailRotated(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "audit.jsonl")
+	t0 := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	hour := func(h int) time.Time { return t0.Add(time.Duration(h) * time.Hour) }
+	writeTailFile(t, f+".3.gz", true, hour(0), "r3a", "r3b")
+	writeTailFile(t, f+".2.gz", true, hour(1), "r2a", "r2b")
+	writeTailFile(t, f+".1", false, hour(2), "r1a", "r1b")
+	writeTailFile(t, f, false, hour(3), "liveA", "liveB")
+	// Not rotated siblings of f: another file's, and an editor's copy.
+	writeTailFile(t, filepath.Join(dir, "other.jsonl.1"), false, hour(0), "other")
+	writeTailFile(t, f+".bak", false, hour(0), "bak")
+	writeTailFile(t, f+".1.tmp", false, hour(0), "tmp")
+
+	got, err := RotatedFiles(f)
+	if want := []string{f + ".3.gz", f + ".2.gz", f + ".1"}; err != nil || !slices.Equal(got, want) {
+		t.Fatalf("RotatedFiles: %q, %v; want %q", got, err, want)
+	}
+	tail := func(o TailOptions) ([]string, error) {
+		o.File = f
+		var out, errb bytes.Buffer
+		err := Tail(context.Background(), o, &out, &errb)
+		if errb.Len() > 0 {
+			t.Errorf("%+v: stderr %q", o, errb.String())
+		}
+		var msgs []string
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			if l != "" {
+				msgs = append(msgs, strings.Fields(l)[len(strings.Fields(l))-1])
+			}
+		}
+		return msgs, err
+	}
+	for _, tc := range []struct {
+		o    TailOptions
+		want []string
+	}{
+		{TailOptions{}, []string{"r3a", "r3b", "r2a", "r2b", "r1a", "r1b", "liveA", "liveB"}},
+		{TailOptions{N: 3}, []string{"r1b", "liveA", "liveB"}},
+		{TailOptions{N: 5}, []string{"r2b", "r1a", "r1b", "liveA", "liveB"}},
+		{TailOptions{Since: hour(1).Add(time.Minute), Until: hour(2)}, []string{"r2b", "r1a"}},
+		{TailOptions{Since: hour(2).Add(30 * time.Second), N: 2}, []string{"liveA", "liveB"}},
+		{TailOptions{Until: hour(0)}, []string{"r3a"}},
+		{TailOptions{Since: hour(9)}, nil},
+	} {
+		if tc.o.N == 0 {
+			tc.o.N = 100
+		}
+		got, err := tail(tc.o)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%+v: %q, %v; want %q", tc.o, got, err, tc.want)
+		}
+	}
+	// JSON: the records as written, from the gzip'd files too.
+	var out bytes.Buffer
+	if err := Tail(context.Background(), TailOptions{File: f, Format: FormatJSON, Until: hour(0)}, &out, &out); err != nil ||
+		out.String() != `{"time":"2026-05-01T00:00:00Z","event":"config_reload","severity":"notice","message":"r3a"}`+"\n" {
+		t.Errorf("json from .gz: %v %q", err, out.String())
+	}
+
+	// A broken oldest file is not opened while newer ones hold -n records,
+	// and is an error naming it when it is needed.
+	must(t, os.WriteFile(f+".4.gz", []byte("\x1f\x8bnot gzip"), 0o640))
+	if got, err := tail(TailOptions{N: 8}); err != nil || len(got) != 8 {
+		t.Errorf("-n 8 with a broken .4.gz: %q, %v", got, err)
+	}
+	if _, err := tail(TailOptions{}); err == nil || !strings.Contains(err.Error(), f+".4.gz") {
+		t.Errorf("all records with a broken .4.gz: %v, want an error naming it", err)
+	}
+	must(t, os.Remove(f+".4.gz"))
+
+	// dateext names, by date, gzip'd and not.
+	d := t.TempDir()
+	g := filepath.Join(d, "audit.jsonl")
+	writeTailFile(t, g+"-20260502.gz", true, hour(0), "d1")
+	writeTailFile(t, g+"-20260503", false, hour(1), "d2")
+	writeTailFile(t, g, false, hour(2), "d3")
+	f = g
+	if got, err := tail(TailOptions{N: 10}); err != nil || !slices.Equal(got, []string{"d1", "d2", "d3"}) {
+		t.Errorf("dateext: %q, %v", got, err)
 	}
 }
