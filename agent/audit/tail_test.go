@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -264,5 +265,69 @@ func TestTailRotated(t *testing.T) {
 	f = g
 	if got, err := tail(TailOptions{N: 10}); err != nil || !slices.Equal(got, []string{"d1", "d2", "d3"}) {
 		t.Errorf("dateext: %q, %v", got, err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer that Tail writes while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestTailFollow: --follow prints what is appended to the live file,
+// through the filters and after logrotate moved it, and ends with ctx.
+func TestTailFollow(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "audit.jsonl")
+	t0 := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	writeTailFile(t, f+".1", false, t0, "rotated")
+	writeTailFile(t, f, false, t0.Add(time.Hour), "first")
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- Tail(ctx, TailOptions{File: f, Follow: true, N: 20, Since: t0.Add(time.Minute)}, &out, &out)
+	}()
+	waitFor := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(out.String(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q after 10s:\n%s", want, out.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("first")
+	appendLine := func(path, ts, msg string) {
+		fh, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o640)
+		must(t, err)
+		fmt.Fprintf(fh, `{"time":%q,"event":"config_reload","message":%q}`+"\n", ts, msg)
+		must(t, fh.Close())
+	}
+	appendLine(f, "2026-05-01T00:00:00Z", "too-old") // --since drops it
+	appendLine(f, "2026-05-01T02:00:00Z", "second")
+	waitFor("second")
+	must(t, os.Rename(f, f+".0"))
+	appendLine(f, "2026-05-01T03:00:00Z", "after-rotation")
+	waitFor("after-rotation")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); strings.Contains(s, "rotated") || strings.Contains(s, "too-old") || strings.Count(s, "\n") != 3 {
+		t.Errorf("printed:\n%s\nwant first, second, after-rotation", s)
 	}
 }

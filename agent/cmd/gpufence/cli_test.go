@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/verify"
 	"github.com/gpufence/gpufence/agent/version"
@@ -260,5 +262,45 @@ func TestVerifyChild(t *testing.T) {
 	}
 	if _, out, _ := cli("--help"); strings.Contains(out, verify.ChildCommand) {
 		t.Errorf("--help shows %s", verify.ChildCommand)
+	}
+}
+
+// TestAgentFlagsOverFile: a flag given on the command line wins over the
+// configuration file, one not given leaves the file's value, also across a
+// reload (SIGHUP) for --audit-only.
+func TestAgentFlagsOverFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "agent.yaml")
+	body := "node_name: n1\nsocket: /run/file.sock\nlog_level: warn\npin_dir: /sys/fs/bpf/from-file\nenforcement: audit-only\n"
+	if err := os.WriteFile(file, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer func(f func(config.Config, *slog.Logger, func() (config.Config, error)) error) { startAgent = f }(startAgent)
+	var got config.Config
+	var reload func() (config.Config, error)
+	startAgent = func(cfg config.Config, _ *slog.Logger, r func() (config.Config, error)) error {
+		got, reload = cfg, r
+		return nil
+	}
+	code, out, errs := cli("agent", "--config", file, "--socket", "/run/flag.sock", "--audit-only=false", "--state-file", "")
+	if code != 0 || out != "" || errs != "" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if got.Socket != "/run/flag.sock" || got.LogLevel != "warn" || got.PinDir != "/sys/fs/bpf/from-file" ||
+		got.Enforcement != config.EnforcementEnforce || got.StateFile != "" || got.NodeName != "n1" {
+		t.Errorf("socket %q (flag), log_level %q, pin_dir %q (file), enforcement %q (flag), state_file %q (flag, empty), node %q",
+			got.Socket, got.LogLevel, got.PinDir, got.Enforcement, got.StateFile, got.NodeName)
+	}
+	re, err := reload()
+	if err != nil || re.Enforcement != config.EnforcementEnforce {
+		t.Errorf("reload: enforcement %q, %v; want the flag's %q", re.Enforcement, err, config.EnforcementEnforce)
+	}
+	// Without the flag the file's enforcement holds, at start and reload.
+	if code, _, errs := cli("agent", "--config", file); code != 0 || got.Enforcement != config.EnforcementAuditOnly || got.Socket != "/run/file.sock" {
+		t.Errorf("no flags: exit %d %q, enforcement %q, socket %q", code, errs, got.Enforcement, got.Socket)
+	}
+	startAgent = func(config.Config, *slog.Logger, func() (config.Config, error)) error { return errors.New("boom") }
+	if code, out, _ := cli("agent", "--config", file); code != 1 || out != "" {
+		t.Errorf("agent failed: exit %d, want 1", code)
 	}
 }

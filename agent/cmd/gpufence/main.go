@@ -103,7 +103,7 @@ func agentCommand() *cobra.Command {
 			}
 			return c, nil
 		}
-		if err := agent(cfg, log, reload); err != nil {
+		if err := startAgent(cfg, log, reload); err != nil {
 			log.Error("agent failed", "err", err)
 			return exitStatus(exitFailure)
 		}
@@ -111,6 +111,10 @@ func agentCommand() *cobra.Command {
 	}
 	return cmd
 }
+
+// startAgent is agent; tests replace it to see the configuration the
+// command line makes.
+var startAgent = agent
 
 func enforcement(auditOnly bool) string {
 	if auditOnly {
