@@ -183,9 +183,16 @@ func Tail(ctx context.Context, o TailOptions, stdout, stderr io.Writer) error {
 	}
 	live := &recordReader{f: f, rd: bufio.NewReader(f)}
 	defer func() { live.f.Close() }()
-	rotated, err := RotatedFiles(o.File)
-	if err != nil {
-		return err
+	// --file naming a rotated, compressed file reads that file alone.
+	compressed := isGzip(live.rd)
+	if compressed && o.Follow {
+		return fmt.Errorf("%s is gzip'd, a rotated file that no longer grows: --follow needs the live file", o.File)
+	}
+	var rotated []string
+	if !compressed {
+		if rotated, err = RotatedFiles(o.File); err != nil {
+			return err
+		}
 	}
 	bad := 0
 	keep := func(all []tailItem, line []byte, r *Record) []tailItem {
@@ -196,7 +203,12 @@ func Tail(ctx context.Context, o TailOptions, stdout, stderr io.Writer) error {
 		return all
 	}
 	var last []tailItem
-	if err := live.read(o, &bad, func(line []byte, r *Record) error { last = keep(last, line, r); return nil }); err != nil {
+	collect := func(line []byte, r *Record) error { last = keep(last, line, r); return nil }
+	if compressed {
+		if err := readClosedFile(o.File, o, &bad, collect); err != nil {
+			return err
+		}
+	} else if err := live.read(o, &bad, collect); err != nil {
 		return fmt.Errorf("read %s: %w", o.File, err)
 	}
 	// Newest rotated file first, each read whole, until N records are in

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -243,6 +244,19 @@ func TestTailRotated(t *testing.T) {
 	if err := Tail(context.Background(), TailOptions{File: f, Format: FormatJSON, Until: hour(0)}, &out, &out); err != nil ||
 		out.String() != `{"time":"2026-05-01T00:00:00Z","event":"config_reload","severity":"notice","message":"r3a"}`+"\n" {
 		t.Errorf("json from .gz: %v %q", err, out.String())
+	}
+
+	// --file naming a rotated file reads it alone, gzip'd or not; a
+	// gzip'd one cannot be followed.
+	for name, want := range map[string][]string{f + ".2.gz": {"r2a", "r2b"}, f + ".1": {"r1a", "r1b"}} {
+		var out, errb bytes.Buffer
+		err := Tail(context.Background(), TailOptions{File: name, N: 10}, &out, &errb)
+		if got := strings.Fields(out.String()); err != nil || errb.Len() > 0 || len(got) < 2 || !strings.HasSuffix(out.String(), want[1]+"\n") || strings.Count(out.String(), "\n") != 2 {
+			t.Errorf("--file %s: %v %q\n%s", name, err, errb.String(), out.String())
+		}
+	}
+	if err := Tail(context.Background(), TailOptions{File: f + ".2.gz", Follow: true}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "--follow needs the live file") {
+		t.Errorf("--follow a .gz: %v", err)
 	}
 
 	// A broken oldest file is not opened while newer ones hold -n records,

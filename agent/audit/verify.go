@@ -102,6 +102,12 @@ func orderFiles(files []string) []string {
 	return out
 }
 
+// isGzip reports whether what br reads next starts with gzip's magic.
+func isGzip(br *bufio.Reader) bool {
+	magic, _ := br.Peek(2)
+	return len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b
+}
+
 // openMaybeGzip opens a file of records, gunzipping it when it starts
 // with gzip's magic (logrotate's compress), whatever its name.
 func openMaybeGzip(path string) (io.ReadCloser, error) {
@@ -110,7 +116,7 @@ func openMaybeGzip(path string) (io.ReadCloser, error) {
 		return nil, err
 	}
 	br := bufio.NewReader(f)
-	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+	if isGzip(br) {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
 			f.Close()
