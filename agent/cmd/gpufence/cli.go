@@ -64,6 +64,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return verify.ChildMain(args[1:], stdout, stderr)
 	}
 	root := newRoot(stdout, stderr)
+	if args == nil {
+		args = []string{} // cobra reads os.Args for nil
+	}
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
 	if err == nil {
@@ -103,6 +106,11 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetHelpCommand(helpCommand())
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.Short = "print a shell completion script: bash, zsh, fish or powershell (gpufence(8))"
+		}
+	}
 	applyConventions(root)
 	return root
 }
@@ -175,7 +183,7 @@ func noArgs(_ *cobra.Command, args []string) error {
 func helpCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "help [COMMAND...]",
-		Short: "Help about any command",
+		Short: "print the help of a command (as COMMAND --help does)",
 		Long:  "Help prints the help of a command: gpufence help audit tail is gpufence audit tail --help.",
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(c *cobra.Command, args []string) error {
