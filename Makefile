@@ -56,6 +56,10 @@ lint: ## gofmt and go vet
 test: ## unit tests (-short: no Slurm cluster); as root the kernel tests run too, else they skip with the reason
 	$(GO) test -short ./...
 
+.PHONY: man-check
+man-check: ## every gpufence command and flag has its place in packaging/man/gpufence.8 (also part of test)
+	$(GO) test -count=1 -run 'TestManPage' ./agent/cmd/gpufence
+
 .PHONY: test-privileged
 test-privileged: ## tests against the real kernel: BPF filter, cgroups, socket credentials (root)
 	$(GO) test -count=1 -run Privileged ./agent/... ./bpf/... ./proto/... ./spank/...

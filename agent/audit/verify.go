@@ -8,7 +8,6 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -103,24 +102,53 @@ func orderFiles(files []string) []string {
 	return out
 }
 
+// isGzip reports whether what br reads next starts with gzip's magic.
+func isGzip(br *bufio.Reader) bool {
+	magic, _ := br.Peek(2)
+	return len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b
+}
+
+// openMaybeGzip opens a file of records, gunzipping it when it starts
+// with gzip's magic (logrotate's compress), whatever its name.
+func openMaybeGzip(path string) (io.ReadCloser, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	br := bufio.NewReader(f)
+	if isGzip(br) {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		return &gzipFile{zr, f}, nil
+	}
+	return &bufferedFile{br, f}, nil
+}
+
+type gzipFile struct {
+	*gzip.Reader
+	f *os.File
+}
+
+func (g *gzipFile) Close() error { return errors.Join(g.Reader.Close(), g.f.Close()) }
+
+type bufferedFile struct {
+	*bufio.Reader
+	f *os.File
+}
+
+func (b *bufferedFile) Close() error { return b.f.Close() }
+
 // readChained reads one file (gzip'd when it starts with gzip's magic).
 func readChained(path string) ([]chained, *VerifyError, error) {
-	f, err := os.Open(path)
+	rc, err := openMaybeGzip(path)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer f.Close()
-	br := bufio.NewReader(f)
-	var r io.Reader = br
-	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", path, err)
-		}
-		defer zr.Close()
-		r = zr
-	}
-	lr := bufio.NewReaderSize(r, 1<<16)
+	defer rc.Close()
+	lr := bufio.NewReaderSize(rc, 1<<16)
 	var out []chained
 	for n := 1; ; n++ {
 		line, err := lr.ReadBytes('\n')
@@ -250,40 +278,26 @@ func firstOf(all []chained, run string) int {
 	return 0
 }
 
-// Verify implements `gpufence audit verify FILE...` and returns its exit
-// status (VerifyOK, VerifyBroken, VerifyUsage).
-func Verify(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("gpufence audit verify", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: gpufence audit verify FILE...\n\nChecks the hash chain of each agent run's records in the JSON Lines audit files\n(rotated files too, .gz included, in any order) and names the first edited,\nmissing, out-of-order or cut-short record.\nExit status: 0 whole, 1 broken, 2 usage error or unreadable file.\n")
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return VerifyOK
-		}
-		return VerifyUsage
-	}
-	if fs.NArg() == 0 {
-		fmt.Fprintf(stderr, "gpufence audit verify: no file given (e.g. gpufence audit verify %s*)\n", DefaultFile)
-		return VerifyUsage
-	}
-	sum, bad, err := VerifyFiles(fs.Args())
+// Verify checks the hash chains of files (rotated ones too, .gz included,
+// in any order) as gpufence audit verify does, writes its one-line verdict
+// ("ok: ..." or "BROKEN: ...") to w and returns VerifyOK or VerifyBroken;
+// a file that could not be read is VerifyUsage and the error.
+func Verify(files []string, w io.Writer) (int, error) {
+	sum, bad, err := VerifyFiles(files)
 	if err != nil {
-		fmt.Fprintf(stderr, "gpufence audit verify: %v\n", err)
-		return VerifyUsage
+		return VerifyUsage, err
 	}
 	if bad != nil {
-		fmt.Fprintf(stdout, "BROKEN: %s\n", bad.Msg)
-		return VerifyBroken
+		fmt.Fprintf(w, "BROKEN: %s\n", bad.Msg)
+		return VerifyBroken, nil
 	}
-	fmt.Fprintf(stdout, "ok: %d chained records in %d runs", sum.Records, sum.Runs)
+	fmt.Fprintf(w, "ok: %d chained records in %d runs", sum.Records, sum.Runs)
 	if sum.Unchained > 0 {
-		fmt.Fprintf(stdout, "; %d earlier records without a chain (an older agent)", sum.Unchained)
+		fmt.Fprintf(w, "; %d earlier records without a chain (an older agent)", sum.Unchained)
 	}
 	if sum.OpenStart != "" {
-		fmt.Fprintf(stdout, "; run %s began before the oldest file given", sum.OpenStart)
+		fmt.Fprintf(w, "; run %s began before the oldest file given", sum.OpenStart)
 	}
-	fmt.Fprintln(stdout)
-	return VerifyOK
+	fmt.Fprintln(w)
+	return VerifyOK, nil
 }

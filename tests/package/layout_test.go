@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -97,7 +98,7 @@ func TestPackageContents(t *testing.T) {
 			if rel := wantReleases(t); strings.Join(plugins, " ") != strings.Join(rel, " ") {
 				t.Errorf("plugin builds for %v, want one for each of %v", plugins, rel)
 			}
-			if host := hostSlurm(t); !contains(plugins, host) {
+			if host := hostSlurm(t); !slices.Contains(plugins, host) {
 				t.Errorf("no plugin for this host's Slurm %s (headers in /usr/include/slurm), only %v", host, plugins)
 			}
 			if format == "rpm" {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,5 +45,54 @@ func TestAuditVerifyCommand(t *testing.T) {
 	}
 	if rc := run([]string{"audit", "verify"}, &out, &errb); rc != 2 {
 		t.Fatalf("no file: rc %d", rc)
+	}
+}
+
+// TestAuditTailCommand: the flags of gpufence audit tail reach the reader:
+// rotated .gz files, --since/--until, --json as --format json; a file that
+// cannot be read is exit 1 and one line.
+func TestAuditTailCommand(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "audit.jsonl")
+	rec := func(ts, msg string) string {
+		return `{"time":"` + ts + `","event":"config_reload","severity":"notice","message":"` + msg + `"}` + "\n"
+	}
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	zw.Write([]byte(rec("2026-05-01T00:00:00Z", "old") + rec("2026-05-01T01:00:00Z", "older-kept")))
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file+".2.gz", z.Bytes(), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file+".1", []byte(rec("2026-05-01T02:00:00Z", "kept")), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(rec("2026-05-01T03:00:00Z", "new")), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"audit", "tail", "--file", file, "--since", "2026-05-01T01:00:00Z", "--until", "2026-05-01T02:00:00Z", "-n", "0"}
+	code, js, errs := cli(append(base, "--json")...)
+	if want := rec("2026-05-01T01:00:00Z", "older-kept") + rec("2026-05-01T02:00:00Z", "kept"); code != 0 || js != want || errs != "" {
+		t.Errorf("--json: exit %d, stdout %q, stderr %q; want %q", code, js, errs, want)
+	}
+	if code, out, _ := cli(append(base, "--format", "json")...); code != 0 || out != js {
+		t.Errorf("--format json: exit %d, %q; want what --json prints", code, out)
+	}
+	if code, out, _ := cli(append(base, "--format", "json", "--json")...); code != 0 || out != js {
+		t.Errorf("--format json --json: exit %d, %q", code, out)
+	}
+	code, out, _ := cli(append(base, "--format", "text")...)
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 ||
+		!strings.HasPrefix(lines[0], "2026-05-01T01:00:00.000Z config_reload") || !strings.HasSuffix(lines[1], " kept") {
+		t.Errorf("--format text: exit %d:\n%s", code, out)
+	}
+	if code, out, _ := cli("audit", "tail", "--file", file, "--since", "2026-05-01T03:00:00Z", "-n", "5"); code != 0 || !strings.HasSuffix(strings.TrimSpace(out), " new") || strings.Count(out, "\n") != 1 {
+		t.Errorf("--since the live file's record: exit %d:\n%s", code, out)
+	}
+	missing := filepath.Join(dir, "none.jsonl")
+	if code, out, errs := cli("audit", "tail", "--file", missing); code != 1 || out != "" || errs != "gpufence audit tail: open "+missing+": no such file or directory\n" {
+		t.Errorf("missing file: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }

@@ -5,10 +5,10 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
-	"fmt"
-	"io"
 	"os"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/doctor"
@@ -18,23 +18,18 @@ import (
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
 
-// runDoctor is `gpufence doctor`: is this node ready for gpufence, and if
-// not, what to fix. Exit status: 0 no check failed (warnings allowed),
-// 1 a check failed, 2 usage error.
-func runDoctor(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("gpufence doctor", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", config.DefaultPath, "agent configuration file (YAML); missing is fine at the default path")
-	asJSON := fs.Bool("json", false, `print {"ok":bool,"checks":[...]} instead of text`)
-	slurmConf := fs.String("slurm-conf", "", "Slurm's slurm.conf (default: the configuration's slurm_conf)")
-	root := fs.String("root", "/", "look at the node's files below this folder (for a mounted image); the kernel probe and Slurm's -V still run here")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: gpufence doctor [--config FILE] [--slurm-conf FILE] [--json]
-
-Checks that this node is ready for gpufence, and prints each check with a
+// doctorCommand is `gpufence doctor`: is this node ready for gpufence,
+// and if not, what to fix. Exit status: 0 no check failed (warnings
+// allowed), 1 a check failed, 2 usage error.
+func doctorCommand() *cobra.Command {
+	var cfgPath, slurmConf, root string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "doctor [flags]",
+		Short: "check that this node is ready for gpufence: cgroups, kernel, bpffs, Slurm, plugin, gres, socket, audit",
+		Long: `Checks that this node is ready for gpufence, and prints each check with a
 verdict (ok, info, skip, warn, fail), what it found and, for warn and fail,
 the fix:
-
   cgroup        cgroup v2 mounted, and whether the host is hybrid or v1 only
   kernel        CGROUP_DEVICE programs, ring buffers, and the helper that
                 decides scope mode or the per-cgroup fallback (needs root)
@@ -57,29 +52,34 @@ It reads files and runs slurmd -V and slurmd -G (which prints slurmd's GPU
 table and exits, as the agent runs it); it changes nothing of gpufence's. Run
 it as root: otherwise the kernel check and slurmd -G are skipped and some files
 are unreadable.
-Exit status: 0 nothing failed (warnings allowed), 1 a check failed, 2 usage error.
 
-Flags:
-`)
-		fs.PrintDefaults()
+Exit status: 0 nothing failed (warnings allowed), 1 a check failed, 2 usage error.`,
 	}
-	if code, ok := parseFlags(fs, args, stderr); !ok {
-		return code
+	fs := cmd.Flags()
+	fs.StringVar(&cfgPath, "config", config.DefaultPath, "agent configuration file (YAML); missing is fine at the default path")
+	fs.BoolVar(&asJSON, "json", false, `print {"ok":bool,"checks":[...]} instead of text`)
+	fs.StringVar(&slurmConf, "slurm-conf", "", "Slurm's slurm.conf (default: the configuration's slurm_conf)")
+	fs.StringVar(&root, "root", "/", "look at the node's files below this folder (for a mounted image); the kernel probe and Slurm's -V still run here")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		return runDoctor(cmd, fs, cfgPath, slurmConf, root, asJSON)
 	}
-	cfg, err := loadConfig(fs, *cfgPath)
+	return cmd
+}
+
+func runDoctor(cmd *cobra.Command, fs *pflag.FlagSet, cfgPath, slurmConf, root string, asJSON bool) error {
+	stdout := cmd.OutOrStdout()
+	cfg, err := loadConfig(fs, cfgPath)
 	if err != nil {
-		fmt.Fprintf(stderr, "gpufence doctor: %v\n", err)
-		return 2
+		return configError(err)
 	}
-	if *slurmConf != "" {
-		cfg.SlurmConf = *slurmConf
+	if slurmConf != "" {
+		cfg.SlurmConf = slurmConf
 		if err := cfg.Validate("command line"); err != nil {
-			fmt.Fprintf(stderr, "gpufence doctor: %v\n", err)
-			return 2
+			return configError(err)
 		}
 	}
 	env := doctor.Env{
-		Root: *root, Config: cfg, Version: version.Version,
+		Root: root, Config: cfg, Version: version.Version,
 		SearchPath: os.Getenv("PATH"),
 	}
 	env.Inventory = func() ([]inventory.GPU, error) {
@@ -99,7 +99,7 @@ Flags:
 	switch {
 	case os.Geteuid() != 0:
 		env.SlurmdGSkip = "needs root, as the agent runs it"
-	case *root != "/" && *root != "":
+	case root != "/" && root != "":
 		env.SlurmdGSkip = "--root: slurmd -G runs on the node itself only"
 	default:
 		env.SlurmdG = func(binDir, slurmConf, node string) (slurm.SlurmdView, error) {
@@ -111,20 +111,18 @@ Flags:
 		}
 	}
 	rep := doctor.Run(env)
-	if *asJSON {
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		enc.SetEscapeHTML(false)
 		if err := enc.Encode(rep); err != nil {
-			fmt.Fprintf(stderr, "gpufence doctor: %v\n", err)
-			return 1
+			return err
 		}
 	} else if err := rep.WriteText(stdout); err != nil {
-		fmt.Fprintf(stderr, "gpufence doctor: %v\n", err)
-		return 1
+		return err
 	}
 	if !rep.OK {
-		return 1
+		return exitStatus(exitFailure)
 	}
-	return 0
+	return nil
 }

@@ -5,11 +5,12 @@ package main
 import (
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"text/tabwriter"
+
+	"github.com/spf13/cobra"
 
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/inventory"
@@ -54,20 +55,22 @@ func inventorySampler(inv *inventory.Inventory) metrics.Sampler {
 	return inv
 }
 
-// inventoryJSON is gpufence inventory --json: one object per GPU.
+// inventoryJSON is one GPU of gpufence inventory --json.
 type inventoryJSON struct {
-	Index      int       `json:"index"`
-	Minor      uint32    `json:"minor"`
-	UUID       string    `json:"uuid"`
-	PCIBusID   string    `json:"pci_bus_id"`
-	Name       string    `json:"name"`
-	MIGEnabled bool      `json:"mig_enabled"`
-	MIG        []migJSON `json:"mig"`
-	Usage      *struct {
-		UtilizationGPU *uint32 `json:"utilization_gpu_percent"`
-		MemoryUsed     uint64  `json:"memory_used_bytes"`
-		MemoryTotal    uint64  `json:"memory_total_bytes"`
-	} `json:"usage,omitempty"`
+	Index      int        `json:"index"`
+	Minor      uint32     `json:"minor"`
+	UUID       string     `json:"uuid"`
+	PCIBusID   string     `json:"pci_bus_id"`
+	Name       string     `json:"name"`
+	MIGEnabled bool       `json:"mig_enabled"`
+	MIG        []migJSON  `json:"mig"`
+	Usage      *usageJSON `json:"usage,omitempty"`
+}
+
+type usageJSON struct {
+	UtilizationGPU *uint32 `json:"utilization_gpu_percent"`
+	MemoryUsed     uint64  `json:"memory_used_bytes"`
+	MemoryTotal    uint64  `json:"memory_total_bytes"`
 }
 
 type migJSON struct {
@@ -80,75 +83,109 @@ type migJSON struct {
 	CICapMinor uint32 `json:"ci_cap_minor"`
 }
 
-func runInventory(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("gpufence inventory", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	asJSON := fs.Bool("json", false, "print JSON (one array of GPUs)")
-	usage := fs.Bool("usage", false, "also read each GPU's utilization and memory")
-	migMinors := fs.String("mig-minors", inventory.DefaultMIGMinorsPath, "the driver's nvidia-caps table of MIG capability minors")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: gpufence inventory [flags]\n\nLists the GPUs as the NVIDIA driver reports them through NVML: index, device minor, UUID, PCI bus id, name, MIG mode and MIG devices with their nvidia-caps minors. Exits %d when there is no driver.\n\nFlags:\n", exitNoDriver)
-		fs.PrintDefaults()
+// inventoryReport is gpufence inventory --json, on success and on error
+// alike: error is set (and gpus empty) when the GPUs could not be listed.
+type inventoryReport struct {
+	GPUs  []inventoryJSON `json:"gpus"`
+	Error string          `json:"error,omitempty"`
+}
+
+func inventoryCommand() *cobra.Command {
+	var asJSON, usage bool
+	var migMinors string
+	cmd := &cobra.Command{
+		Use:   "inventory [flags]",
+		Short: "list the GPUs as the NVIDIA driver reports them (NVML): minor, UUID, bus id, name, MIG devices",
+		Long: "Lists the GPUs as the NVIDIA driver reports them through NVML: index, device minor, UUID, PCI bus id,\n" +
+			"name, MIG mode and MIG devices with their nvidia-caps minors.\n\n" +
+			"With --json it prints one object on stdout whatever happens: {\"gpus\":[...]} or, when the GPUs\n" +
+			"cannot be listed, {\"gpus\":[],\"error\":\"...\"} (the error is on stderr too).\n\n" +
+			fmt.Sprintf("Exit status: 0 listed, 1 a failure, 2 usage error, %d no NVIDIA driver.", exitNoDriver),
 	}
-	if code, ok := parseFlags(fs, args, stderr); !ok {
-		return code
-	}
-	inv, err := inventory.OpenSystem(inventory.Options{MIGMinorsPath: *migMinors})
-	if err != nil {
-		fmt.Fprintf(stderr, "gpufence inventory: %v\n", err)
-		if errors.Is(err, inventory.ErrNoDriver) {
-			return exitNoDriver
+	fs := cmd.Flags()
+	fs.BoolVar(&asJSON, "json", false, `print one JSON object {"gpus":[...]}, with "error" set on failure`)
+	fs.BoolVar(&usage, "usage", false, "also read each GPU's utilization and memory")
+	fs.StringVar(&migMinors, "mig-minors", inventory.DefaultMIGMinorsPath, "the driver's nvidia-caps table of MIG capability minors")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		gpus, usages, err := listGPUs(migMinors, usage)
+		if err != nil {
+			code := exitFailure
+			if errors.Is(err, inventory.ErrNoDriver) {
+				code = exitNoDriver
+			}
+			if asJSON {
+				if jerr := writeInventoryJSON(cmd.OutOrStdout(), inventoryReport{GPUs: []inventoryJSON{}, Error: err.Error()}); jerr != nil {
+					err = errors.Join(err, jerr)
+				}
+			}
+			return &cliError{code: code, err: err}
 		}
-		return 1
+		if asJSON {
+			return writeInventoryJSON(cmd.OutOrStdout(), inventoryReport{GPUs: inventoryJSONOf(gpus, usages)})
+		}
+		writeInventoryText(cmd.OutOrStdout(), gpus, usages, usage)
+		return nil
+	}
+	return cmd
+}
+
+// listGPUs is listInventory; tests replace it to see the command fail.
+var listGPUs = listInventory
+
+// listInventory opens NVML and lists the GPUs, with their usage when
+// withUsage.
+func listInventory(migMinors string, withUsage bool) ([]inventory.GPU, map[int]inventory.Usage, error) {
+	inv, err := inventory.OpenSystem(inventory.Options{MIGMinorsPath: migMinors})
+	if err != nil {
+		return nil, nil, err
 	}
 	defer inv.Close()
 	gpus, err := inv.GPUs()
 	if err != nil {
-		fmt.Fprintf(stderr, "gpufence inventory: %v\n", err)
-		return 1
+		return nil, nil, err
 	}
-	var usages map[int]inventory.Usage
-	if *usage {
-		us, err := inv.Sample()
-		if err != nil {
-			fmt.Fprintf(stderr, "gpufence inventory: %v\n", err)
-			return 1
-		}
-		usages = map[int]inventory.Usage{}
-		for _, u := range us {
-			usages[u.Index] = u
-		}
+	if !withUsage {
+		return gpus, nil, nil
 	}
-	if *asJSON {
-		out := make([]inventoryJSON, 0, len(gpus))
-		for _, g := range gpus {
-			j := inventoryJSON{Index: g.Index, Minor: g.Minor, UUID: g.UUID, PCIBusID: g.PCIBusID, Name: g.Name, MIGEnabled: g.MIGEnabled, MIG: []migJSON{}}
-			for _, m := range g.MIG {
-				j.MIG = append(j.MIG, migJSON(m))
+	us, err := inv.Sample()
+	if err != nil {
+		return nil, nil, err
+	}
+	usages := map[int]inventory.Usage{}
+	for _, u := range us {
+		usages[u.Index] = u
+	}
+	return gpus, usages, nil
+}
+
+func inventoryJSONOf(gpus []inventory.GPU, usages map[int]inventory.Usage) []inventoryJSON {
+	out := make([]inventoryJSON, 0, len(gpus))
+	for _, g := range gpus {
+		j := inventoryJSON{Index: g.Index, Minor: g.Minor, UUID: g.UUID, PCIBusID: g.PCIBusID, Name: g.Name, MIGEnabled: g.MIGEnabled, MIG: []migJSON{}}
+		for _, m := range g.MIG {
+			j.MIG = append(j.MIG, migJSON(m))
+		}
+		if u, ok := usages[g.Index]; ok {
+			j.Usage = &usageJSON{MemoryUsed: u.MemoryUsed, MemoryTotal: u.MemoryTotal}
+			if u.UtilizationKnown {
+				j.Usage.UtilizationGPU = &u.UtilizationGPU
 			}
-			if u, ok := usages[g.Index]; ok {
-				j.Usage = &struct {
-					UtilizationGPU *uint32 `json:"utilization_gpu_percent"`
-					MemoryUsed     uint64  `json:"memory_used_bytes"`
-					MemoryTotal    uint64  `json:"memory_total_bytes"`
-				}{MemoryUsed: u.MemoryUsed, MemoryTotal: u.MemoryTotal}
-				if u.UtilizationKnown {
-					j.Usage.UtilizationGPU = &u.UtilizationGPU
-				}
-			}
-			out = append(out, j)
 		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
-			fmt.Fprintf(stderr, "gpufence inventory: %v\n", err)
-			return 1
-		}
-		return 0
+		out = append(out, j)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	return out
+}
+
+func writeInventoryJSON(w io.Writer, r inventoryReport) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func writeInventoryText(w io.Writer, gpus []inventory.GPU, usages map[int]inventory.Usage, withUsage bool) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	head := "INDEX\tMINOR\tUUID\tBUS ID\tNAME\tMIG"
-	if *usage {
+	if withUsage {
 		head += "\tUTIL\tMEMORY USED/TOTAL"
 	}
 	fmt.Fprintln(tw, head)
@@ -171,5 +208,4 @@ func runInventory(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	tw.Flush()
-	return 0
 }

@@ -6,15 +6,16 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
@@ -23,195 +24,109 @@ import (
 	"github.com/gpufence/gpufence/agent/metrics"
 	"github.com/gpufence/gpufence/agent/server"
 	"github.com/gpufence/gpufence/agent/slurm"
-	"github.com/gpufence/gpufence/agent/verify"
 	"github.com/gpufence/gpufence/agent/version"
 	"github.com/gpufence/gpufence/bpf/devfilter"
 )
-
-type command struct {
-	summary string
-	run     func(args []string, stdout, stderr io.Writer) int
-}
-
-var commands = map[string]command{
-	"agent":     {"run the node agent in the foreground (needs root)", runAgent},
-	"audit":     {"read the audit trail: gpufence audit tail [--job N] [--user U] [--denied] [--json] [-f]; check its hash chains: gpufence audit verify FILE...", runAudit},
-	"doctor":    {"check that this node is ready for gpufence: cgroups, kernel, bpffs, Slurm, plugin, gres, socket, audit", runDoctor},
-	"inventory": {"list the GPUs as the NVIDIA driver reports them (NVML): minor, UUID, bus id, name, MIG devices", runInventory},
-	"status":    {"show jobs, steps, GPUs, cgroups, pinned objects and counters (works while the agent is down)", runStatus},
-	"verify":    {"live self-test: a throw-away cgroup given one GPU by the agent must open it and be refused the others", runVerify},
-	"version":   {"print the version", runVersion},
-}
-
-func runAudit(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "verify" {
-		return audit.Verify(args[1:], stdout, stderr)
-	}
-	if len(args) == 0 || args[0] != "tail" {
-		fmt.Fprintf(stderr, "Usage: gpufence audit tail [flags] | gpufence audit verify FILE...\n\nRun 'gpufence audit tail --help' or 'gpufence audit verify --help' for the flags.\n")
-		return 2
-	}
-	return audit.Tail(args[1:], stdout, stderr)
-}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		usage(stdout)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
-	}
-	if args[0] == verify.ChildCommand {
-		// gpufence verify's process inside its cgroup; not a command.
-		return verify.ChildMain(args[1:], stdout, stderr)
-	}
-	c, ok := commands[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "gpufence: unknown command %q\n\n", args[0])
-		usage(stderr)
-		return 2
-	}
-	return c.run(args[1:], stdout, stderr)
-}
-
-func usage(w io.Writer) {
-	fmt.Fprintf(w, "gpufence %s: per-job GPU isolation and audit for Slurm nodes\n\nUsage: gpufence COMMAND [flags]\n\nCommands:\n", version.Version)
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
-	}
-	fmt.Fprintf(w, "\nRun 'gpufence COMMAND --help' for a command's flags. Documentation: README.md and docs/.\n")
-}
-
-// parseFlags parses a command's flags, which take no arguments. When ok is
-// false the command returns code: 0 after --help, 2 on a usage error (the
-// flag package has printed it).
-func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, false
-		}
-		return 2, false
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
-		return 2, false
-	}
-	return 0, true
-}
-
-func runVersion(_ []string, stdout, _ io.Writer) int {
-	fmt.Fprintf(stdout, "gpufence %s\n", version.Version)
-	return 0
-}
-
-func runAgent(args []string, _, stderr io.Writer) int {
-	fs := flag.NewFlagSet("gpufence agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func agentCommand() *cobra.Command {
 	def := config.Default()
-	cfgPath := fs.String("config", config.DefaultPath, "configuration file (YAML); missing is fine at the default path")
-	socket := fs.String("socket", def.Socket, "unix socket the SPANK plugin connects to")
-	slurmConf := fs.String("slurm-conf", def.SlurmConf, "Slurm's slurm.conf (gres.conf and cgroup.conf are read beside it)")
-	nodeName := fs.String("node-name", def.NodeName, "this node's name in gres.conf")
-	scope := fs.String("scope", def.Scope, "cgroup directory of Slurm's slurmstepd scope (default: found automatically)")
-	mode := fs.String("mode", def.Mode, "filter attach mode: auto, scope or per-cgroup")
-	logLevel := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
-	logFormat := fs.String("log-format", def.LogFormat, "text or json")
-	auditOnly := fs.Bool("audit-only", false, "allow every access and record what would have been denied (enforcement: audit-only)")
-	auditFile := fs.String("audit-file", def.Audit.File, "JSON Lines audit file (empty disables it)")
-	pinDir := fs.String("pin-dir", def.PinDir, "bpffs folder where the filter is pinned so it outlives the agent (empty: detach at stop)")
-	stateFile := fs.String("state-file", def.StateFile, "file keeping job and step attribution across restarts (empty: memory only)")
-	metricsListen := fs.String("metrics-listen", def.Metrics.Listen, "host:port of the Prometheus endpoint, /metrics and /healthz (empty disables it)")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: gpufence agent [flags]\n\nRuns the node agent in the foreground, logging to stderr. Flags override the configuration file.\n\nFlags:\n")
-		fs.PrintDefaults()
+	var (
+		cfgPath, socket, slurmConf, nodeName, scope, mode, logLevel, logFormat string
+		auditFile, pinDir, stateFile, metricsListen                            string
+		auditOnly                                                              bool
+	)
+	cmd := &cobra.Command{
+		Use:   "agent [flags]",
+		Short: "run the node agent in the foreground (needs root)",
+		Long: "Runs the node agent in the foreground, logging to stderr. Flags override the configuration file.\n\n" +
+			"Exit status: 0 stopped by SIGTERM or SIGINT, 1 the agent failed, 2 usage error or unusable configuration.",
 	}
-	if code, ok := parseFlags(fs, args, stderr); !ok {
-		return code
-	}
-	cfg, err := loadConfig(fs, *cfgPath)
-	if err != nil {
-		fmt.Fprintf(stderr, "gpufence agent: %v\n", err)
-		return 2
-	}
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "socket":
-			cfg.Socket = *socket
-		case "slurm-conf":
-			cfg.SlurmConf = *slurmConf
-		case "node-name":
-			cfg.NodeName = *nodeName
-		case "scope":
-			cfg.Scope = *scope
-		case "mode":
-			cfg.Mode = *mode
-		case "log-level":
-			cfg.LogLevel = *logLevel
-		case "log-format":
-			cfg.LogFormat = *logFormat
-		case "audit-only":
-			if *auditOnly {
-				cfg.Enforcement = config.EnforcementAuditOnly
-			} else {
-				cfg.Enforcement = config.EnforcementEnforce
-			}
-		case "audit-file":
-			cfg.Audit.File = *auditFile
-		case "pin-dir":
-			cfg.PinDir = *pinDir
-		case "state-file":
-			cfg.StateFile = *stateFile
-		case "metrics-listen":
-			cfg.Metrics.Listen = *metricsListen
-		}
-	})
-	if err := cfg.Validate("command line"); err != nil {
-		fmt.Fprintf(stderr, "gpufence agent: %v\n", err)
-		return 2
-	}
-	if cfg.Metrics.WebConfig != "" {
-		if err := metrics.CheckWebConfig(cfg.Metrics.WebConfig); err != nil {
-			fmt.Fprintf(stderr, "gpufence agent: %s: metrics.web_config: %v\n", *cfgPath, err)
-			return 2
-		}
-	}
-	log := newLogger(cfg, stderr)
-	reload := func() (config.Config, error) {
-		c, err := loadConfig(fs, *cfgPath)
+	fs := cmd.Flags()
+	fs.StringVar(&cfgPath, "config", config.DefaultPath, "configuration file (YAML); missing is fine at the default path")
+	fs.StringVar(&socket, "socket", def.Socket, "unix socket the SPANK plugin connects to")
+	fs.StringVar(&slurmConf, "slurm-conf", def.SlurmConf, "Slurm's slurm.conf (gres.conf and cgroup.conf are read beside it)")
+	fs.StringVar(&nodeName, "node-name", def.NodeName, "this node's name in gres.conf")
+	fs.StringVar(&scope, "scope", def.Scope, "cgroup directory of Slurm's slurmstepd scope (default: found automatically)")
+	fs.StringVar(&mode, "mode", def.Mode, "filter attach mode: auto, scope or per-cgroup")
+	fs.StringVar(&logLevel, "log-level", def.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&logFormat, "log-format", def.LogFormat, "text or json")
+	fs.BoolVar(&auditOnly, "audit-only", false, "allow every access and record what would have been denied (enforcement: audit-only)")
+	fs.StringVar(&auditFile, "audit-file", def.Audit.File, "JSON Lines audit file (empty disables it)")
+	fs.StringVar(&pinDir, "pin-dir", def.PinDir, "bpffs folder where the filter is pinned so it outlives the agent (empty: detach at stop)")
+	fs.StringVar(&stateFile, "state-file", def.StateFile, "file keeping job and step attribution across restarts (empty: memory only)")
+	fs.StringVar(&metricsListen, "metrics-listen", def.Metrics.Listen, "host:port of the Prometheus endpoint, /metrics and /healthz (empty disables it)")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		cfg, err := loadConfig(fs, cfgPath)
 		if err != nil {
-			return c, err
+			return configError(err)
 		}
-		// Flags still win over the file.
-		fs.Visit(func(f *flag.Flag) {
-			if f.Name == "audit-only" {
+		// What the command line sets wins over the file.
+		for name, apply := range map[string]func(){
+			"socket":         func() { cfg.Socket = socket },
+			"slurm-conf":     func() { cfg.SlurmConf = slurmConf },
+			"node-name":      func() { cfg.NodeName = nodeName },
+			"scope":          func() { cfg.Scope = scope },
+			"mode":           func() { cfg.Mode = mode },
+			"log-level":      func() { cfg.LogLevel = logLevel },
+			"log-format":     func() { cfg.LogFormat = logFormat },
+			"audit-only":     func() { cfg.Enforcement = enforcement(auditOnly) },
+			"audit-file":     func() { cfg.Audit.File = auditFile },
+			"pin-dir":        func() { cfg.PinDir = pinDir },
+			"state-file":     func() { cfg.StateFile = stateFile },
+			"metrics-listen": func() { cfg.Metrics.Listen = metricsListen },
+		} {
+			if fs.Changed(name) {
+				apply()
+			}
+		}
+		if err := cfg.Validate("command line"); err != nil {
+			return configError(err)
+		}
+		if cfg.Metrics.WebConfig != "" {
+			if err := metrics.CheckWebConfig(cfg.Metrics.WebConfig); err != nil {
+				return configError(fmt.Errorf("%s: metrics.web_config: %w", cfgPath, err))
+			}
+		}
+		log := newLogger(cfg, cmd.ErrOrStderr())
+		reload := func() (config.Config, error) {
+			c, err := loadConfig(fs, cfgPath)
+			if err != nil {
+				return c, err
+			}
+			// Flags still win over the file.
+			if fs.Changed("audit-only") {
 				c.Enforcement = cfg.Enforcement
 			}
-		})
-		return c, nil
+			return c, nil
+		}
+		if err := startAgent(cfg, log, reload); err != nil {
+			log.Error("agent failed", "err", err)
+			return exitStatus(exitFailure)
+		}
+		return nil
 	}
-	if err := agent(cfg, log, reload); err != nil {
-		log.Error("agent failed", "err", err)
-		return 1
+	return cmd
+}
+
+// startAgent is agent; tests replace it to see the configuration the
+// command line makes.
+var startAgent = agent
+
+func enforcement(auditOnly bool) string {
+	if auditOnly {
+		return config.EnforcementAuditOnly
 	}
-	return 0
+	return config.EnforcementEnforce
 }
 
 // loadConfig reads the configuration file named by --config over the
 // defaults; a missing file is an error only when --config was given.
-func loadConfig(fs *flag.FlagSet, path string) (config.Config, error) {
-	explicit := false
-	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "config" })
-	return config.Load(path, explicit)
+func loadConfig(fs *pflag.FlagSet, path string) (config.Config, error) {
+	return config.Load(path, fs.Changed("config"))
 }
 
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {

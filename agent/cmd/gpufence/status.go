@@ -5,9 +5,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
-	"fmt"
-	"io"
+
+	"github.com/spf13/cobra"
 
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
@@ -18,60 +17,59 @@ import (
 // docs). A socket or listener of another uid is not the agent.
 const agentUID = 0
 
-// runStatus is `gpufence status` (package status): what the agent's
+// statusCommand is `gpufence status` (package status): what the agent's
 // socket, the pinned device filter and the saved state say, cross-checked.
-// Exit status:
-// 0 consistent, 1 something is off (see the problems), 2 usage error.
-func runStatus(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("gpufence status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", config.DefaultPath, "configuration file (YAML); missing is fine at the default path")
-	asJSON := fs.Bool("json", false, "print one JSON object instead of the sections")
-	socket := fs.String("socket", "", "agent socket (default: the configuration's)")
-	pinDir := fs.String("pin-dir", "", "bpffs folder of the pinned filter (default: the configuration's)")
-	stateFile := fs.String("state-file", "", "agent state file (default: the configuration's)")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: gpufence status [--config FILE] [--json]\n\n"+
-			"Shows the agent socket, the pinned device filter (mode, link, policy entries, counters) and the\n"+
-			"jobs and steps of the agent's state file, and cross-checks them. It reads the pins and files\n"+
-			"directly (run it as root) and works while the agent is down.\n"+
-			"Exit status: 0 consistent, 1 something is off (listed under Problems), 2 usage error.\n\nFlags:\n")
-		fs.PrintDefaults()
+// Exit status: 0 consistent, 1 something is off (see the problems), 2
+// usage error.
+func statusCommand() *cobra.Command {
+	var cfgPath, socket, pinDir, stateFile string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status [flags]",
+		Short: "show jobs, steps, GPUs, cgroups, pinned objects and counters (works while the agent is down)",
+		Long: "Shows the agent socket, the pinned device filter (mode, link, policy entries, counters) and the\n" +
+			"jobs and steps of the agent's state file, and cross-checks them. It reads the pins and files\n" +
+			"directly (run it as root) and works while the agent is down.\n\n" +
+			"Exit status: 0 consistent, 1 something is off (listed under Problems), 2 usage error.",
 	}
-	if code, ok := parseFlags(fs, args, stderr); !ok {
-		return code
-	}
-	cfg, err := loadConfig(fs, *cfgPath)
-	if err != nil {
-		fmt.Fprintf(stderr, "gpufence status: %v\n", err)
-		return 2
-	}
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "socket":
-			cfg.Socket = *socket
-		case "pin-dir":
-			cfg.PinDir = *pinDir
-		case "state-file":
-			cfg.StateFile = *stateFile
+	fs := cmd.Flags()
+	fs.StringVar(&cfgPath, "config", config.DefaultPath, "configuration file (YAML); missing is fine at the default path")
+	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of the sections")
+	fs.StringVar(&socket, "socket", "", "agent socket (default: the configuration's)")
+	fs.StringVar(&pinDir, "pin-dir", "", "bpffs folder of the pinned filter (default: the configuration's)")
+	fs.StringVar(&stateFile, "state-file", "", "agent state file (default: the configuration's)")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		cfg, err := loadConfig(fs, cfgPath)
+		if err != nil {
+			return configError(err)
 		}
-	})
-	r := status.Build(status.Gather(cfg, agentUID))
-	if *asJSON {
-		var buf bytes.Buffer
-		enc := json.NewEncoder(&buf)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
-			fmt.Fprintf(stderr, "gpufence status: %v\n", err)
-			return 1
+		if fs.Changed("socket") {
+			cfg.Socket = socket
 		}
-		// Same JSON; no character in it can drive the terminal.
-		stdout.Write(audit.TerminalSafeJSON(buf.Bytes()))
-	} else {
-		status.Write(stdout, r)
+		if fs.Changed("pin-dir") {
+			cfg.PinDir = pinDir
+		}
+		if fs.Changed("state-file") {
+			cfg.StateFile = stateFile
+		}
+		r := status.Build(status.Gather(cfg, agentUID))
+		stdout := cmd.OutOrStdout()
+		if asJSON {
+			var buf bytes.Buffer
+			enc := json.NewEncoder(&buf)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+			// Same JSON; no character in it can drive the terminal.
+			stdout.Write(audit.TerminalSafeJSON(buf.Bytes()))
+		} else {
+			status.Write(stdout, r)
+		}
+		if !r.OK {
+			return exitStatus(exitFailure)
+		}
+		return nil
 	}
-	if !r.OK {
-		return 1
-	}
-	return 0
+	return cmd
 }

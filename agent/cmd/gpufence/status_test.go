@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -63,6 +64,11 @@ func fakeAgent(t *testing.T) string {
 		}
 	}()
 	return p
+}
+
+// runStatus runs gpufence status with args.
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	return run(append([]string{"status"}, args...), stdout, stderr)
 }
 
 func runStatusJSON(t *testing.T, args ...string) (status.Report, int, string) {

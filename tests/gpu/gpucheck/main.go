@@ -93,24 +93,28 @@ func checkInventory(gpufence string) int {
 		return 1
 	}
 	took := time.Since(start)
-	var inv []struct {
-		Index      int    `json:"index"`
-		Minor      uint32 `json:"minor"`
-		UUID       string `json:"uuid"`
-		PCIBusID   string `json:"pci_bus_id"`
-		Name       string `json:"name"`
-		MIGEnabled bool   `json:"mig_enabled"`
-		MIG        []any  `json:"mig"`
-		Usage      *struct {
-			UtilizationGPU *uint32 `json:"utilization_gpu_percent"`
-			MemoryUsed     uint64  `json:"memory_used_bytes"`
-			MemoryTotal    uint64  `json:"memory_total_bytes"`
-		} `json:"usage"`
+	var report struct {
+		GPUs []struct {
+			Index      int    `json:"index"`
+			Minor      uint32 `json:"minor"`
+			UUID       string `json:"uuid"`
+			PCIBusID   string `json:"pci_bus_id"`
+			Name       string `json:"name"`
+			MIGEnabled bool   `json:"mig_enabled"`
+			MIG        []any  `json:"mig"`
+			Usage      *struct {
+				UtilizationGPU *uint32 `json:"utilization_gpu_percent"`
+				MemoryUsed     uint64  `json:"memory_used_bytes"`
+				MemoryTotal    uint64  `json:"memory_total_bytes"`
+			} `json:"usage"`
+		} `json:"gpus"`
+		Error *string `json:"error"`
 	}
-	if err := json.Unmarshal(js, &inv); err != nil {
-		fmt.Printf("FAIL: gpufence inventory --json: %v\n%s", err, js)
+	if err := json.Unmarshal(js, &report); err != nil || report.GPUs == nil || report.Error != nil {
+		fmt.Printf("FAIL: gpufence inventory --json is not {\"gpus\":[...]} without an error: %v\n%s", err, js)
 		return 1
 	}
+	inv := report.GPUs
 	fmt.Printf("nvidia-smi lists %d GPUs, gpufence inventory %d (in %s)\n", len(rows), len(inv), took.Round(time.Millisecond))
 	failed := len(rows) != len(inv)
 	for i, row := range rows {
