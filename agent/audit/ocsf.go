@@ -239,6 +239,9 @@ func ocsfFileEvent(ev obj, r *Record, rest obj) {
 	if r.Decision != "" {
 		ev["status_detail"] = r.Decision
 	}
+	if r.Error != "" {
+		rest["error"] = r.Error
+	}
 	switch r.Event {
 	case EventGPUAccess:
 		ev["count"] = clampInt32(r.Suppressed + 1)
@@ -319,9 +322,9 @@ func ocsfDevice(r *Record) obj {
 			d["instance_uid"] = h.EC2InstanceID
 		}
 	}
-	if len(d) == 2 {
-		// OCSF's device needs a name or id; a record of an agent that
-		// knew none is still from "a node".
+	if d["name"] == nil && d["hostname"] == nil && d["uid"] == nil && d["instance_uid"] == nil {
+		// OCSF's device needs a name or an id; a record that names
+		// neither node nor host (an older agent's) still comes from one.
 		d["name"] = "unknown"
 	}
 	return d

@@ -312,3 +312,35 @@ func TestOCSFSchemaPinned(t *testing.T) {
 		return nil
 	}))
 }
+
+// Records as an older agent, or an odd moment, wrote them still make
+// valid events: no node, host or run id; a seq past OCSF's integer; a
+// device without a path; a summary of no known job.
+func TestOCSFSparseRecords(t *testing.T) {
+	s := pinnedOCSF(t)
+	for _, line := range []string{
+		`{"schema_version":"1","seq":3,"boot_id":"` + testBootID + `","time":"2026-01-02T03:04:05.123456789Z","event":"agent_start","severity":"info","node":"","cluster":"","agent_version":"","message":""}`,
+		`{"schema_version":"1","seq":4294967296,"run_id":"` + testRunID + `","time":"2026-01-02T03:04:05Z","event":"config_reload","severity":"notice","node":"n1","cluster":"c","agent_version":"v","message":"m"}`,
+		`{"schema_version":"1","seq":5,"time":"2026-01-02T03:04:05Z","event":"gpu_access","severity":"warning","node":"n1","cluster":"c","agent_version":"v","message":"m","decision":"denied","policy_mode":"enforce","uid":0,"pid":1,"comm":"x","device":{"major":195,"minor":255},"access":["write"],"cgroup_id":1}`,
+		`{"schema_version":"1","seq":6,"time":"2026-01-02T03:04:05Z","event":"access_suppressed","severity":"warning","node":"n1","cluster":"c","agent_version":"v","message":"m","decision":"would-deny","policy_mode":"audit-only","device":{"path":"/dev/nvidia0","major":195,"minor":0},"suppressed":2,"cgroup_id":1}`,
+	} {
+		var r Record
+		must(t, json.Unmarshal([]byte(line), &r))
+		b, err := OCSF(&r)
+		if err != nil {
+			t.Errorf("%s: %v", line, err)
+			continue
+		}
+		if errs := s.validate(b); len(errs) > 0 {
+			t.Errorf("%s: %v\n%s", r.Event, errs, b)
+		}
+		ev := decodeOCSF(t, b)
+		meta := ev["metadata"].(map[string]any)
+		if _, ok := meta["sequence"]; ok != (r.Seq <= 1<<31-1) {
+			t.Errorf("seq %d: metadata.sequence %v", r.Seq, meta["sequence"])
+		}
+		if r.Time.Nanosecond() > 0 && ev["time"] != json.Number(strconv.FormatInt(r.Time.UnixMilli(), 10)) {
+			t.Errorf("time %v: %v", r.Time, ev["time"])
+		}
+	}
+}
