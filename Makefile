@@ -48,7 +48,7 @@ check-generated: generate ## fail when committed generated code is stale
 	@test -z "$$(git status --porcelain --untracked-files=all -- $(GENERATED))" || { git status --short -- $(GENERATED); echo "generate left untracked files" >&2; exit 1; }
 
 # The pinned part of the OCSF schema the OCSF output is validated against
-# (agent/audit/testdata/ocsf-schema/SOURCE names the release): from a clone
+# (tests/ocsf/schema/SOURCE names the release): from a clone
 # of https://github.com/ocsf/ocsf-schema, e.g.
 # make ocsf-schema OCSF_SCHEMA_REPO=../ocsf-schema OCSF_SCHEMA_TAG=1.8.0
 OCSF_SCHEMA_REPO ?= ../ocsf-schema

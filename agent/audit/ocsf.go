@@ -14,7 +14,7 @@ import (
 
 // OCSFVersion is the OCSF schema release the OCSF output follows
 // (metadata.version); the tests validate against a pinned copy of it
-// (testdata/ocsf-schema/SOURCE).
+// (tests/ocsf/schema/SOURCE).
 const OCSFVersion = "1.8.0"
 
 // OCSF class, category and activity ids used (docs/audit.md, "OCSF").

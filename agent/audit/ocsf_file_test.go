@@ -25,7 +25,7 @@ func readOCSF(t *testing.T, path string) []string {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		if errs := s.validate(sc.Bytes()); len(errs) > 0 {
+		if errs := s.Validate(sc.Bytes()); len(errs) > 0 {
 			t.Fatalf("%s: an event does not validate: %v\n%s", path, errs, sc.Bytes())
 		}
 		var ev struct {

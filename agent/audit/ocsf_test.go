@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpufence/gpufence/tests/ocsf"
 )
 
 // everyKindRecords is sampleRecords plus the kinds and shapes it lacks, so
@@ -57,6 +59,24 @@ var ocsfWant = map[Event][2]int{
 	EventGPUTableMismatch:   {6008, 1},
 }
 
+// pinnedOCSF is the pinned OCSF schema (tests/ocsf/schema), compiled.
+func pinnedOCSF(t *testing.T) *ocsf.Schema {
+	t.Helper()
+	s, err := ocsf.Pinned()
+	if err != nil {
+		t.Fatalf("load the pinned OCSF schema: %v", err)
+	}
+	return s
+}
+
+func readJSONFile(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
 func decodeOCSF(t *testing.T, b []byte) map[string]any {
 	t.Helper()
 	var m map[string]any
@@ -97,7 +117,7 @@ func TestOCSFValidatesAgainstSchema(t *testing.T) {
 		if bytes.ContainsAny(b, "\n\r") {
 			t.Errorf("%s: the OCSF event is not one line: %s", r.Event, b)
 		}
-		if errs := s.validate(b); len(errs) > 0 {
+		if errs := s.Validate(b); len(errs) > 0 {
 			t.Errorf("%s (seq %d) does not validate against OCSF %s:\n  %s\n%s", r.Event, r.Seq, OCSFVersion, strings.Join(errs, "\n  "), b)
 		}
 		seen[r.Event] = true
@@ -186,7 +206,7 @@ func TestOCSFValidatorRejects(t *testing.T) {
 	r.Seq, r.RunID, r.BootID, r.Time, r.Node = 7, testRunID, testBootID, time.Now(), "gpu-node-1"
 	good, err := OCSF(&r)
 	must(t, err)
-	if errs := s.validate(good); len(errs) > 0 {
+	if errs := s.Validate(good); len(errs) > 0 {
 		t.Fatalf("the base event does not validate: %v\n%s", errs, good)
 	}
 	lc := Record{Event: EventAgentStart, Seq: 1, RunID: testRunID, Time: time.Now(), Node: "n", Severity: SeverityInfo}
@@ -239,7 +259,7 @@ func TestOCSFValidatorRejects(t *testing.T) {
 			c.edit(m)
 			b, err := json.Marshal(m)
 			must(t, err)
-			errs := s.validate(b)
+			errs := s.Validate(b)
 			if !strings.Contains(strings.Join(errs, "\n"), c.want) {
 				t.Errorf("validator said %q, want an error containing %q", errs, c.want)
 			}
@@ -249,7 +269,7 @@ func TestOCSFValidatorRejects(t *testing.T) {
 	m := decodeOCSF(t, good)
 	m["unmapped"].(map[string]any)["anything"] = map[string]any{"at": []any{1, "x"}}
 	b, _ := json.Marshal(m)
-	if errs := s.validate(b); len(errs) > 0 {
+	if errs := s.Validate(b); len(errs) > 0 {
 		t.Errorf("unmapped members were checked: %v", errs)
 	}
 }
@@ -257,7 +277,7 @@ func TestOCSFValidatorRejects(t *testing.T) {
 // The copy of the schema is the one SOURCE names: every file's SHA-256
 // matches, and nothing is there that SOURCE does not list.
 func TestOCSFSchemaPinned(t *testing.T) {
-	f, err := os.Open(filepath.Join(ocsfSchemaDir, "SOURCE"))
+	f, err := os.Open(filepath.Join(ocsf.Dir(), "SOURCE"))
 	must(t, err)
 	defer f.Close()
 	listed := map[string]bool{}
@@ -276,7 +296,7 @@ func TestOCSFSchemaPinned(t *testing.T) {
 		if !ok || len(sum) != 64 {
 			t.Fatalf("SOURCE: line %q is neither a field nor a checksum", l)
 		}
-		b, err := os.ReadFile(filepath.Join(ocsfSchemaDir, name))
+		b, err := os.ReadFile(filepath.Join(ocsf.Dir(), name))
 		if err != nil {
 			t.Errorf("SOURCE lists %s: %v", name, err)
 			continue
@@ -292,7 +312,7 @@ func TestOCSFSchemaPinned(t *testing.T) {
 		t.Errorf("SOURCE names %v; want tag %s, a commit, the OCSF repository", fields, OCSFVersion)
 	}
 	var v struct{ Version string }
-	must(t, readJSON(filepath.Join(ocsfSchemaDir, "version.json"), &v))
+	must(t, readJSONFile(filepath.Join(ocsf.Dir(), "version.json"), &v))
 	if v.Version != OCSFVersion {
 		t.Errorf("the pinned schema is %s, OCSFVersion %s", v.Version, OCSFVersion)
 	}
@@ -301,11 +321,11 @@ func TestOCSFSchemaPinned(t *testing.T) {
 			t.Errorf("SOURCE does not list %s", want)
 		}
 	}
-	must(t, filepath.WalkDir(ocsfSchemaDir, func(p string, e fs.DirEntry, err error) error {
+	must(t, filepath.WalkDir(ocsf.Dir(), func(p string, e fs.DirEntry, err error) error {
 		if err != nil || e.IsDir() {
 			return err
 		}
-		rel, _ := filepath.Rel(ocsfSchemaDir, p)
+		rel, _ := filepath.Rel(ocsf.Dir(), p)
 		if rel != "SOURCE" && !listed[rel] {
 			t.Errorf("%s is in the copy but not in SOURCE", rel)
 		}
@@ -331,7 +351,7 @@ func TestOCSFSparseRecords(t *testing.T) {
 			t.Errorf("%s: %v", line, err)
 			continue
 		}
-		if errs := s.validate(b); len(errs) > 0 {
+		if errs := s.Validate(b); len(errs) > 0 {
 			t.Errorf("%s: %v\n%s", r.Event, errs, b)
 		}
 		ev := decodeOCSF(t, b)

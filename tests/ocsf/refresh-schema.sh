@@ -3,7 +3,7 @@
 #
 # refresh-schema.sh CHECKOUT_OR_GITDIR TAG
 #
-# Re-creates agent/audit/testdata/ocsf-schema, the pinned part of the OCSF
+# Re-creates tests/ocsf/schema, the pinned part of the OCSF
 # schema that the OCSF output's tests validate against, from a clone of
 # https://github.com/ocsf/ocsf-schema (a work tree or a bare repository):
 # the files of TAG exactly as committed (git archive), never the work tree.
@@ -13,7 +13,7 @@ if [ $# -ne 2 ]; then
 	exit 2
 fi
 src=$1 tag=$2
-out=agent/audit/testdata/ocsf-schema
+out=tests/ocsf/schema
 classes="events/system/file_activity.json events/application/application_lifecycle.json events/application/application_error.json"
 cd "$(dirname "$0")/../.."
 commit=$(git -C "$src" rev-parse --verify "$tag^{commit}")

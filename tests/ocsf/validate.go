@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package audit
-
-// A validator for OCSF events built from the OCSF project's own schema
-// files (the pinned copy in testdata/ocsf-schema), compiled the way the
-// OCSF server compiles them: a class or object takes the attributes of
-// what it extends, then of the profiles it $includes (marked with the
-// profile), then its own; each attribute takes its type, array-ness,
-// sibling and enum from the dictionary where the definition does not say.
-// The Python ocsf-validator (PyPI) is out of reach from CI, hence this.
+// Package ocsf validates OCSF events against the OCSF project's own schema
+// files: the pinned copy in schema/ (SOURCE names the release, refresh-
+// schema.sh re-creates it). A class or object is compiled the way the OCSF
+// server compiles it: it takes the attributes of what it extends, then of
+// the profiles it $includes (marked with the profile), then its own; each
+// attribute takes its type, array-ness, sibling and enum from the
+// dictionary where the definition does not say. The OCSF project's Python
+// ocsf-validator (PyPI) is out of reach from gpufence's CI, hence this.
+package ocsf
 
 import (
 	"bytes"
@@ -19,14 +19,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 )
-
-const ocsfSchemaDir = "testdata/ocsf-schema"
 
 type ocsfAttr struct {
 	Type        string
@@ -52,7 +50,8 @@ type ocsfDef struct {
 	CategoryUID int
 }
 
-type ocsfSchema struct {
+// Schema is a compiled OCSF schema.
+type Schema struct {
 	dir        string
 	dict       map[string]*ocsfAttr
 	types      map[string]ocsfBaseType
@@ -158,8 +157,10 @@ func overlay(a *ocsfAttr, r rawAttr, profile string) {
 	}
 }
 
-func loadOCSFSchema(dir string) (*ocsfSchema, error) {
-	s := &ocsfSchema{dir: dir, dict: map[string]*ocsfAttr{}, types: map[string]ocsfBaseType{},
+// Load reads the schema files in dir (dictionary.json, categories.json,
+// events/, objects/, profiles/) and compiles every class there.
+func Load(dir string) (*Schema, error) {
+	s := &Schema{dir: dir, dict: map[string]*ocsfAttr{}, types: map[string]ocsfBaseType{},
 		files: map[string]map[string]string{}, cache: map[string]*ocsfDef{}, classes: map[int]*ocsfDef{}}
 	var dict struct {
 		Attributes map[string]rawAttr `json:"attributes"`
@@ -216,7 +217,7 @@ func loadOCSFSchema(dir string) (*ocsfSchema, error) {
 }
 
 // def compiles the class or object name.
-func (s *ocsfSchema) def(kind, name string) (*ocsfDef, error) {
+func (s *Schema) def(kind, name string) (*ocsfDef, error) {
 	key := kind + "/" + name
 	if d, ok := s.cache[key]; ok {
 		return d, nil
@@ -348,8 +349,8 @@ func (s *ocsfSchema) def(kind, name string) (*ocsfDef, error) {
 	return d, nil
 }
 
-// validate returns what is wrong with one OCSF event; nil when nothing.
-func (s *ocsfSchema) validate(event []byte) []string {
+// Validate returns what is wrong with one OCSF event; nil when nothing.
+func (s *Schema) Validate(event []byte) []string {
 	var ev map[string]any
 	dec := json.NewDecoder(bytes.NewReader(event))
 	dec.UseNumber()
@@ -397,7 +398,7 @@ func (s *ocsfSchema) validate(event []byte) []string {
 	return errs
 }
 
-func (s *ocsfSchema) checkObject(errs *[]string, at string, m map[string]any, d *ocsfDef, profiles map[string]bool) {
+func (s *Schema) checkObject(errs *[]string, at string, m map[string]any, d *ocsfDef, profiles map[string]bool) {
 	if d.Generic {
 		return
 	}
@@ -472,7 +473,7 @@ func sortedKeys[V any](m map[string]V) []string {
 	return ks
 }
 
-func (s *ocsfSchema) checkValue(errs *[]string, at string, v any, a *ocsfAttr, profiles map[string]bool) {
+func (s *Schema) checkValue(errs *[]string, at string, v any, a *ocsfAttr, profiles map[string]bool) {
 	if a.IsArray {
 		l, ok := v.([]any)
 		if !ok {
@@ -487,7 +488,7 @@ func (s *ocsfSchema) checkValue(errs *[]string, at string, v any, a *ocsfAttr, p
 	s.checkScalar(errs, at, v, a, profiles)
 }
 
-func (s *ocsfSchema) checkScalar(errs *[]string, at string, v any, a *ocsfAttr, profiles map[string]bool) {
+func (s *Schema) checkScalar(errs *[]string, at string, v any, a *ocsfAttr, profiles map[string]bool) {
 	bad := func(f string, x ...any) { *errs = append(*errs, at+": "+fmt.Sprintf(f, x...)) }
 	if _, ok := s.files["objects"][a.Type]; ok {
 		m, ok := v.(map[string]any)
@@ -568,17 +569,20 @@ func (s *ocsfSchema) checkScalar(errs *[]string, at string, v any, a *ocsfAttr, 
 	}
 }
 
+// Dir is the pinned copy of the schema, found from this file's place.
+func Dir() string {
+	_, here, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(here), "schema")
+}
+
 var (
-	ocsfSchemaOnce sync.Once
-	ocsfSchemaVal  *ocsfSchema
-	ocsfSchemaErr  error
+	pinnedOnce sync.Once
+	pinned     *Schema
+	pinnedErr  error
 )
 
-func pinnedOCSF(t *testing.T) *ocsfSchema {
-	t.Helper()
-	ocsfSchemaOnce.Do(func() { ocsfSchemaVal, ocsfSchemaErr = loadOCSFSchema(ocsfSchemaDir) })
-	if ocsfSchemaErr != nil {
-		t.Fatalf("load the pinned OCSF schema: %v", ocsfSchemaErr)
-	}
-	return ocsfSchemaVal
+// Pinned is the schema in Dir, loaded once.
+func Pinned() (*Schema, error) {
+	pinnedOnce.Do(func() { pinned, pinnedErr = Load(Dir()) })
+	return pinned, pinnedErr
 }
