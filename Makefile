@@ -47,6 +47,17 @@ check-generated: generate ## fail when committed generated code is stale
 	@git diff --exit-code --stat -- $(GENERATED) || { echo "generated code is stale: run make generate and commit" >&2; exit 1; }
 	@test -z "$$(git status --porcelain --untracked-files=all -- $(GENERATED))" || { git status --short -- $(GENERATED); echo "generate left untracked files" >&2; exit 1; }
 
+# The pinned part of the OCSF schema the OCSF output is validated against
+# (tests/ocsf/schema/SOURCE names the release): from a clone
+# of https://github.com/ocsf/ocsf-schema, e.g.
+# make ocsf-schema OCSF_SCHEMA_REPO=../ocsf-schema OCSF_SCHEMA_TAG=1.8.0
+OCSF_SCHEMA_REPO ?= ../ocsf-schema
+OCSF_SCHEMA_TAG ?= 1.8.0
+
+.PHONY: ocsf-schema
+ocsf-schema: ## re-create the pinned OCSF schema copy from a clone (OCSF_SCHEMA_REPO, OCSF_SCHEMA_TAG)
+	tests/ocsf/refresh-schema.sh $(OCSF_SCHEMA_REPO) $(OCSF_SCHEMA_TAG)
+
 .PHONY: lint
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

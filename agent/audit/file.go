@@ -16,7 +16,10 @@ import (
 // fileSink appends one JSON object per line. A write that fails half way
 // (disk full) is cut back, so the file only ever holds whole lines.
 type fileSink struct {
+	name string
 	path string
+	// ocsf: the lines are OCSF events (OCSF), not chained records.
+	ocsf bool
 	// mode and gid are what the file gets at every open (gid -1: root's
 	// group, as created).
 	mode os.FileMode
@@ -42,7 +45,24 @@ func CheckFileMode(m os.FileMode) error {
 	return nil
 }
 
+// Sink names of the JSON Lines file and the OCSF file.
+const (
+	sinkFile     = "file"
+	sinkOCSFFile = "ocsf_file"
+)
+
 func openFile(path string, mode os.FileMode, gid int) (*fileSink, error) {
+	return openLineFile(sinkFile, path, mode, gid, false)
+}
+
+// openOCSFFile opens the OCSF file: the same handling as the JSON Lines
+// file (mode, group, O_NOFOLLOW, reopen), one OCSF event per line, no
+// chain (gpufence audit verify checks the JSON Lines file).
+func openOCSFFile(path string, mode os.FileMode, gid int) (*fileSink, error) {
+	return openLineFile(sinkOCSFFile, path, mode, gid, true)
+}
+
+func openLineFile(name, path string, mode os.FileMode, gid int, ocsf bool) (*fileSink, error) {
 	if mode == 0 {
 		mode = DefaultFileMode
 	}
@@ -58,7 +78,7 @@ func openFile(path string, mode os.FileMode, gid int) (*fileSink, error) {
 			return nil, err
 		}
 	}
-	s := &fileSink{path: path, mode: mode, gid: gid}
+	s := &fileSink{name: name, path: path, ocsf: ocsf, mode: mode, gid: gid}
 	if err := s.open(); err != nil {
 		return nil, err
 	}
@@ -150,12 +170,20 @@ func fileKind(m os.FileMode) string {
 	return "special file (" + m.String() + ")"
 }
 
-func (s *fileSink) Name() string { return "file" }
+func (s *fileSink) Name() string { return s.name }
 
 func (s *fileSink) Write(r *Record) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b, hash, err := chainLine(r, s.chain.prev(r.RunID))
+	var b []byte
+	var hash string
+	var err error
+	if s.ocsf {
+		b, err = OCSF(r)
+		b = append(b, '\n')
+	} else {
+		b, hash, err = chainLine(r, s.chain.prev(r.RunID))
+	}
 	if err != nil {
 		return fmt.Errorf("encode record %d: %w", r.Seq, err)
 	}
@@ -173,7 +201,9 @@ func (s *fileSink) Write(r *Record) error {
 		return fmt.Errorf("write %s: %w", s.path, err)
 	}
 	s.size += int64(n)
-	s.chain.advance(r.RunID, hash)
+	if !s.ocsf {
+		s.chain.advance(r.RunID, hash)
+	}
 	return nil
 }
 

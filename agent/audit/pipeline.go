@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,10 @@ type Options struct {
 	// folder's unless others may pass that already.
 	FileMode  os.FileMode
 	FileGroup string
+	// OCSFFile, when set, is a second file of the same mode and group
+	// holding each record as one OCSF event per line (OCSF); "" (the
+	// default) writes none.
+	OCSFFile string
 	// Journald is "auto" (on when JournalSocket exists), "on" or "off"; "" means "auto".
 	Journald string
 	// Syslog is "" (off), "unix:///dev/log", "unixgram:///path",
@@ -174,18 +179,28 @@ func New(opts Options, log *slog.Logger) (*Pipeline, error) {
 		}
 		return nil, err
 	}
-	if opts.File != "" {
-		gid := -1
-		if opts.FileGroup != "" {
-			g, err := lookupGroup(opts.FileGroup)
-			if err != nil {
-				return fail(fmt.Errorf("audit file sink: file_group: %w", err))
-			}
-			gid = g
+	gid := -1
+	if opts.FileGroup != "" && (opts.File != "" || opts.OCSFFile != "") {
+		g, err := lookupGroup(opts.FileGroup)
+		if err != nil {
+			return fail(fmt.Errorf("audit file sink: file_group: %w", err))
 		}
+		gid = g
+	}
+	if opts.File != "" {
 		w, err := openFile(opts.File, opts.FileMode, gid)
 		if err != nil {
 			return fail(fmt.Errorf("audit file sink: %w", err))
+		}
+		writers = append(writers, w)
+	}
+	if opts.OCSFFile != "" {
+		if filepath.Clean(opts.OCSFFile) == filepath.Clean(opts.File) {
+			return fail(fmt.Errorf("audit OCSF file sink: %s is the JSON Lines file too", opts.OCSFFile))
+		}
+		w, err := openOCSFFile(opts.OCSFFile, opts.FileMode, gid)
+		if err != nil {
+			return fail(fmt.Errorf("audit OCSF file sink: %w", err))
 		}
 		writers = append(writers, w)
 	}
@@ -269,7 +284,7 @@ func (p *Pipeline) ReportRateFull(byDecision map[string]uint64) {
 	}
 }
 
-// Reopen reopens the file sink (after logrotate renamed it); other sinks
+// Reopen reopens the file sinks (after logrotate renamed them); other sinks
 // reconnect on their own.
 func (p *Pipeline) Reopen() error {
 	var errs []error

@@ -61,3 +61,22 @@ func TestAuditSyslogTLSConfig(t *testing.T) {
 		loadYAML(t, body, []string{want})
 	}
 }
+
+func TestAuditOCSFFileConfig(t *testing.T) {
+	c, ok := loadYAML(t, "", nil)
+	if ok && c.Audit.OCSFFile != "" {
+		t.Errorf("default ocsf_file %q, want none", c.Audit.OCSFFile)
+	}
+	c, ok = loadYAML(t, "audit:\n  ocsf_file: /var/log/gpufence/audit.ocsf.jsonl\n", nil)
+	if ok && c.Audit.OCSFFile != "/var/log/gpufence/audit.ocsf.jsonl" {
+		t.Errorf("ocsf_file %q", c.Audit.OCSFFile)
+	}
+	for body, want := range map[string]string{
+		"audit:\n  ocsf_file: audit.ocsf.jsonl\n":                   `audit.ocsf_file: "audit.ocsf.jsonl" must be an absolute path`,
+		"audit:\n  ocsf_file: /var/log/gpufence/audit.jsonl\n":      `audit.ocsf_file: "/var/log/gpufence/audit.jsonl" is audit.file too`,
+		"audit:\n  ocsf_file: /var/log/gpufence/./audit.jsonl\n":    `is audit.file too`,
+		"audit:\n  file: /tmp/a.jsonl\n  ocsf_file: /tmp/a.jsonl\n": `is audit.file too`,
+	} {
+		loadYAML(t, body, []string{want})
+	}
+}

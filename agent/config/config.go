@@ -235,6 +235,9 @@ type Audit struct {
 	FileGroup string `yaml:"file_group"`
 	// FileMode is the audit file's mode, in octal (default 0640).
 	FileMode string `yaml:"file_mode"`
+	// OCSFFile is a second audit file holding each record as one OCSF
+	// event per line, with the same mode and group; empty (default): none.
+	OCSFFile string `yaml:"ocsf_file"`
 }
 
 // AuditFileMode is audit.file_mode as a mode (Validate has checked it).
@@ -574,6 +577,11 @@ func (c Config) Validate(source string) error {
 	a := c.Audit
 	if a.File != "" && !filepath.IsAbs(a.File) {
 		bad("audit.file", "%q must be an absolute path (or empty to disable)", a.File)
+	}
+	if a.OCSFFile != "" && !filepath.IsAbs(a.OCSFFile) {
+		bad("audit.ocsf_file", "%q must be an absolute path (or empty for none)", a.OCSFFile)
+	} else if a.OCSFFile != "" && filepath.Clean(a.OCSFFile) == filepath.Clean(a.File) {
+		bad("audit.ocsf_file", "%q is audit.file too: the OCSF events need a file of their own", a.OCSFFile)
 	}
 	switch a.Journald {
 	case "auto", "on", "off":

@@ -40,6 +40,60 @@ func readAudit(t *testing.T, path string) []audit.Record {
 	return recs
 }
 
+// ocsfFile is where an agent start writes the OCSF events of the records
+// it writes to auditFile.
+func ocsfFile(auditFile string) string {
+	return strings.TrimSuffix(auditFile, ".jsonl") + ".ocsf.jsonl"
+}
+
+// ocsfEvent is what the tests read of an OCSF event.
+type ocsfEvent struct {
+	ClassUID      int `json:"class_uid"`
+	ActivityID    int `json:"activity_id"`
+	TypeUID       int `json:"type_uid"`
+	DispositionID int `json:"disposition_id"`
+	Time          int64
+	Metadata      struct {
+		UID, Version string
+	}
+	File struct {
+		Path   string
+		TypeID int `json:"type_id"`
+		UID    string
+	}
+	Actor struct {
+		User    struct{ Name, UID string }
+		Process struct {
+			PID  uint32
+			Name string
+		}
+	}
+	Unmapped struct {
+		JobID uint32 `json:"job_id"`
+	}
+}
+
+// readOCSF parses an OCSF file by metadata.uid.
+func readOCSF(t *testing.T, path string) map[string]ocsfEvent {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	evs := map[string]ocsfEvent{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var e ocsfEvent
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("%s: bad line %q: %v", path, sc.Text(), err)
+		}
+		evs[e.Metadata.UID] = e
+	}
+	return evs
+}
+
 // waitRecords polls the current audit file until match returns true for the
 // records of job, or fails after 15 s.
 func (st *suite) waitRecords(t *testing.T, job uint32, done func([]audit.Record) bool) []audit.Record {
@@ -141,6 +195,19 @@ func TestPrivilegedAuditRecords(t *testing.T) {
 	}
 	if !applied || !released {
 		t.Errorf("policy_applied %v, policy_released %v for step 0: %+v", applied, released, recs)
+	}
+	// The OCSF file has each of these records as a File System Activity
+	// event of the same run and seq.
+	evs := readOCSF(t, ocsfFile(st.auditFiles[len(st.auditFiles)-1]))
+	for _, r := range access(recs, audit.DecisionDenied) {
+		e, ok := evs[r.RunID+":"+strconv.FormatUint(r.Seq, 10)]
+		if !ok || e.ClassUID != 1001 || e.ActivityID != 14 || e.TypeUID != 100114 || e.DispositionID != 2 ||
+			e.File.TypeID != 3 || e.File.Path != r.Device.Path || e.File.UID != fmt.Sprintf("%d:%d", r.Device.Major, r.Device.Minor) ||
+			e.Actor.User.Name != user || e.Actor.User.UID != strconv.Itoa(int(uid)) || e.Actor.Process.PID != r.PID ||
+			e.Actor.Process.Name != r.Comm || e.Unmapped.JobID != job || e.Metadata.Version != audit.OCSFVersion ||
+			e.Time != r.AccessTime.UnixMilli() {
+			t.Errorf("OCSF event of denied record %s:%d: %v %+v\nrecord %+v", r.RunID, r.Seq, ok, e, r)
+		}
 	}
 	// The CLI shows it to a person.
 	out, err := exec.Command(st.gpufence, "audit", "tail", "--file", st.auditFiles[len(st.auditFiles)-1],

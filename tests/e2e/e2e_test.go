@@ -313,14 +313,18 @@ func (st *suite) agentArgs(o ...agentOpts) ([]string, error) {
 		opt = o[0]
 	}
 	st.starts++
+	ocsf := ""
 	if opt.auditFile == "" {
 		opt.auditFile = filepath.Join(st.c.Root(), "logs", fmt.Sprintf("audit-%d.jsonl", st.starts))
+		// A start of the suite's own files writes the OCSF file too; a
+		// test's own (a full file system) only its JSON Lines file.
+		ocsf = ocsfFile(opt.auditFile)
 	}
 	st.auditFiles = append(st.auditFiles, opt.auditFile)
 	cfg := filepath.Join(st.c.Root(), "etc", fmt.Sprintf("agent-%d.yaml", st.starts))
 	// Reconcile often, so that tests of what it does wait seconds, not tens.
-	yaml := fmt.Sprintf("audit:\n  file: %s\n  journald: \"off\"\n  flush_interval: 500ms\npin_dir: %s\nstate_file: %s\nfailopen_spool: %s\nreconcile_interval: 2s\n",
-		opt.auditFile, filepath.Join(st.bpffs, "gpufence"), filepath.Join(st.c.Root(), "run", "agent-state.json"), st.spool())
+	yaml := fmt.Sprintf("audit:\n  file: %s\n  ocsf_file: %q\n  journald: \"off\"\n  flush_interval: 500ms\npin_dir: %s\nstate_file: %s\nfailopen_spool: %s\nreconcile_interval: 2s\n",
+		opt.auditFile, ocsf, filepath.Join(st.bpffs, "gpufence"), filepath.Join(st.c.Root(), "run", "agent-state.json"), st.spool())
 	if opt.slurmBinDir != "" {
 		yaml += fmt.Sprintf("slurm_bin_dir: %s\n", opt.slurmBinDir)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/gpufence/gpufence/agent/audit"
+	"github.com/gpufence/gpufence/tests/ocsf"
 )
 
 // finalChecks: once every job is gone the kernel holds only the exempt
@@ -31,7 +32,45 @@ func (st *suite) finalChecks() error {
 		errs = append(errs, err)
 	}
 	fmt.Fprintf(os.Stderr, "final checks: %d records in %d audit files validated\n", n, len(st.auditFiles))
+	n, files, err := st.checkOCSF()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	fmt.Fprintf(os.Stderr, "final checks: %d OCSF events in %d files validated against OCSF %s\n", n, files, audit.OCSFVersion)
 	return errors.Join(errs...)
+}
+
+// checkOCSF validates every event of every OCSF file the suite's agents
+// wrote against the pinned OCSF schema (tests/ocsf).
+func (st *suite) checkOCSF() (events, files int, err error) {
+	schema, err := ocsf.Pinned()
+	if err != nil {
+		return 0, 0, err
+	}
+	var errs []error
+	for _, f := range st.auditFiles {
+		path := ocsfFile(f)
+		fh, err := os.Open(path)
+		if os.IsNotExist(err) {
+			continue // a test's own audit file, or one on a file system it removed
+		} else if err != nil {
+			return events, files, err
+		}
+		files++
+		sc := bufio.NewScanner(fh)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			events++
+			if bad := schema.Validate(sc.Bytes()); len(bad) > 0 {
+				errs = append(errs, fmt.Errorf("%s: OCSF event does not validate: %s\n%s", path, strings.Join(bad, "; "), sc.Text()))
+			}
+		}
+		fh.Close()
+		if err := sc.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+		}
+	}
+	return events, files, errors.Join(errs...)
 }
 
 // checkLeftovers: with no job left, the kernel holds only the exempt

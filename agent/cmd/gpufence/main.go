@@ -203,7 +203,7 @@ func agent(cfg config.Config, log *slog.Logger, reload func() (config.Config, er
 		log.Warn("host identity for the audit records is incomplete", "err", herr, "machine_id", host.MachineID, "fqdn", host.FQDN, "ec2_instance_id", host.EC2InstanceID)
 	}
 	rec, err := audit.New(audit.Options{
-		File: cfg.Audit.File, FileMode: cfg.Audit.AuditFileMode(), FileGroup: cfg.Audit.FileGroup, Journald: cfg.Audit.Journald, Syslog: cfg.Audit.Syslog,
+		File: cfg.Audit.File, OCSFFile: cfg.Audit.OCSFFile, FileMode: cfg.Audit.AuditFileMode(), FileGroup: cfg.Audit.FileGroup, Journald: cfg.Audit.Journald, Syslog: cfg.Audit.Syslog,
 		SyslogTLS: audit.SyslogTLS{CAFile: cfg.Audit.SyslogTLSCA, CertFile: cfg.Audit.SyslogTLSCert, KeyFile: cfg.Audit.SyslogTLSKey, ServerName: cfg.Audit.SyslogTLSServerName}, QueueSize: cfg.Audit.QueueSize,
 		Node: cfg.NodeName, Cluster: cluster, AgentVersion: version.Version, Host: host,
 	}, log.With("component", "audit"))
