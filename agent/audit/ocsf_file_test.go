@@ -4,6 +4,7 @@ package audit
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -132,5 +133,32 @@ func TestPrivilegedOCSFFileGroup(t *testing.T) {
 	}
 	if out, err := readAs(opts.OCSFFile, outUID); err == nil || !strings.Contains(out, "Permission denied") {
 		t.Fatalf("a user outside group %s read the OCSF file: %v %s", group, err, out)
+	}
+}
+
+// gpufence audit tail --format ocsf prints, for the JSON Lines file, the
+// events the OCSF file holds: the same lines, each valid against the
+// pinned schema.
+func TestTailOCSF(t *testing.T) {
+	opts := testOptions(t)
+	opts.OCSFFile = filepath.Join(filepath.Dir(opts.File), "audit.ocsf.jsonl")
+	p, err := New(opts, nil)
+	must(t, err)
+	for _, r := range sampleRecords() {
+		p.Emit(r)
+	}
+	must(t, p.Close())
+	var out, errb strings.Builder
+	must(t, Tail(context.Background(), TailOptions{File: opts.File, Format: FormatOCSF}, &out, &errb))
+	if errb.Len() > 0 {
+		t.Errorf("stderr: %s", errb.String())
+	}
+	want, err := os.ReadFile(opts.OCSFFile)
+	must(t, err)
+	if out.String() != string(want) {
+		t.Errorf("tail --format ocsf differs from the OCSF file:\n%s\nfile:\n%s", out.String(), want)
+	}
+	if uids := readOCSF(t, opts.OCSFFile); len(uids) < len(sampleRecords()) || len(uids) != strings.Count(out.String(), "\n") {
+		t.Errorf("%d OCSF events in the file, %d lines printed, for %d records", len(uids), strings.Count(out.String(), "\n"), len(sampleRecords()))
 	}
 }

@@ -22,6 +22,7 @@ import (
 const (
 	FormatText = "text" // FormatHuman's aligned line
 	FormatJSON = "json" // the record as written (terminal-safe)
+	FormatOCSF = "ocsf" // the record as one OCSF event (OCSF; terminal-safe)
 )
 
 // TailOptions is what gpufence audit tail reads and prints.
@@ -39,7 +40,7 @@ type TailOptions struct {
 	Since, Until time.Time
 	// N is how many of the last matching records to print; 0 all.
 	N      int
-	Format string // FormatText (empty) or FormatJSON
+	Format string // FormatText (empty), FormatJSON or FormatOCSF
 	// Follow keeps printing records as they are written to File, until
 	// ctx ends.
 	Follow bool
@@ -59,6 +60,13 @@ func formatRecord(format string, line []byte, r *Record) ([]byte, error) {
 		// terminal (the agent escapes hostile text already; a record of
 		// another writer may not).
 		return TerminalSafeJSON(line), nil
+	case FormatOCSF:
+		// The same event audit.ocsf_file holds for this record.
+		b, err := OCSF(r)
+		if err != nil {
+			return nil, err
+		}
+		return TerminalSafeJSON(b), nil
 	}
 	return nil, errUnknownFormat
 }
@@ -66,7 +74,7 @@ func formatRecord(format string, line []byte, r *Record) ([]byte, error) {
 // Check validates the options: an error names the option and its value.
 func (o TailOptions) Check() error {
 	if _, err := formatRecord(o.Format, []byte("{}"), &Record{}); errors.Is(err, errUnknownFormat) {
-		return fmt.Errorf("--format %q: not a format (text or json)", o.Format)
+		return fmt.Errorf("--format %q: not a format (text, json or ocsf)", o.Format)
 	}
 	if o.Event != "" && !knownEvent(Event(o.Event)) {
 		return fmt.Errorf("--event %q: not an event gpufence writes (docs/audit.md lists them)", o.Event)

@@ -61,7 +61,8 @@ bounds are included.
 
 --format text prints one aligned line per record, every field escaped (no control character
 reaches the terminal); --format json (or --json) prints each record as written, any
-non-printable character written as a \u escape.
+non-printable character written as a \u escape; --format ocsf prints each record as the
+OCSF event audit.ocsf_file holds for it (docs/audit.md, "OCSF output"), escaped the same way.
 
 Exit status: 0 printed (also when nothing matched), 1 a file could not be read, 2 usage error.`,
 	}
@@ -73,7 +74,7 @@ Exit status: 0 printed (also when nothing matched), 1 a file could not be read, 
 	fs.StringVar(&o.Event, "event", "", "only records of this event (gpu_access, job_adopted, policy_applied, ...; docs/audit.md)")
 	fs.Var(timeBound{&o.Since}, "since", "only records written at or after TIME (RFC 3339, YYYY-MM-DD, or a duration before now: 30m, 1h, 2d)")
 	fs.Var(timeBound{&o.Until}, "until", "only records written at or before TIME (as --since)")
-	fs.StringVar(&o.Format, "format", audit.FormatText, "output format: text or json")
+	fs.StringVar(&o.Format, "format", audit.FormatText, "output format: text, json or ocsf")
 	fs.BoolVar(&asJSON, "json", false, "same as --format json: the records as written (JSON Lines)")
 	fs.BoolVarP(&o.Follow, "follow", "f", false, "keep printing records as they are written")
 	fs.IntVarP(&o.N, "lines", "n", 20, "print the last N matching records (0: all)")
