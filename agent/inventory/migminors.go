@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -137,4 +138,17 @@ func parseUint(s string) (uint32, error) {
 	}
 	v, err := strconv.ParseUint(s, 10, 32)
 	return uint32(v), err
+}
+
+// InstanceOf is the GPU instance of a MIG slice: the one on the GPU with
+// device minor gpuMinor whose access capability is among caps (the
+// slice's nvidia-caps minors). False when none or more than one is.
+func (m MIGMinors) InstanceOf(gpuMinor uint32, caps []uint32) (uint32, bool) {
+	gi, n := uint32(0), 0
+	for k, minor := range m.GI {
+		if k.GPUMinor == gpuMinor && slices.Contains(caps, minor) {
+			gi, n = k.GI, n+1
+		}
+	}
+	return gi, n == 1
 }

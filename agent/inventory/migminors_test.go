@@ -102,3 +102,31 @@ func TestMIGProfile(t *testing.T) {
 		}
 	}
 }
+
+// A MIG slice's caps (gres.conf's File=/dev/nvidia-caps/nvidia-capN: its
+// GPU instance's access and its compute instance's) name its GPU instance.
+func TestInstanceOf(t *testing.T) {
+	m, err := ParseMIGMinors(strings.NewReader(driverMIGMinors), "mig-minors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		minor  uint32
+		caps   []uint32
+		gi     uint32
+		wantOK bool
+	}{
+		{0, []uint32{12, 13}, 1, true},
+		{0, []uint32{3, 4}, 0, true},
+		{1, []uint32{156, 157}, 2, true},
+		{1, []uint32{12, 13}, 0, false},    // GPU 0's instance, not GPU 1's
+		{0, []uint32{4, 5}, 0, false},      // compute instances only
+		{0, []uint32{3, 12, 13}, 0, false}, // two instances: ambiguous
+		{0, nil, 0, false},
+	} {
+		gi, ok := m.InstanceOf(c.minor, c.caps)
+		if ok != c.wantOK || (ok && gi != c.gi) {
+			t.Errorf("InstanceOf(%d, %v) = %d, %v; want %d, %v", c.minor, c.caps, gi, ok, c.gi, c.wantOK)
+		}
+	}
+}

@@ -6,6 +6,11 @@
 // the jobs on that GPU, one per line. dcgm-exporter then adds an hpc_job
 // label to that GPU's series (internal/pkg/transformation/hpc.go upstream),
 // so existing DCGM dashboards gain job labels without prolog scripts.
+//
+// A MIG slice's series are looked up under "N.G" instead (GPU N, GPU
+// instance id G; dcgm-exporter 4.5.3 and later, #602), so a job on a slice
+// is listed in both: "N.G" for the slice's own series, and "N" for the
+// GPU's (and for releases before 4.5.3, which read "N" only).
 package jobmap
 
 import (
@@ -14,9 +19,30 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 )
+
+// Key names one mapping file: a GPU by dcgm-exporter's number, or with
+// MIG set one of its MIG slices by GPU instance id.
+type Key struct {
+	GPU int
+	MIG bool
+	GI  uint32
+}
+
+// Name is the file's name: "N", or "N.G" for a MIG slice.
+func (k Key) Name() string {
+	if k.MIG {
+		return strconv.Itoa(k.GPU) + "." + strconv.FormatUint(uint64(k.GI), 10)
+	}
+	return strconv.Itoa(k.GPU)
+}
+
+// mappingName is a name dcgm-exporter reads as a mapping file (its
+// validGPUFile): every other file in the directory is left alone.
+var mappingName = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
 
 // Dir is one mapping directory that gpufence owns: Sync removes the files
 // of GPUs no job holds.
@@ -39,19 +65,21 @@ func New(path string) (*Dir, error) {
 // Path is the directory.
 func (d *Dir) Path() string { return d.path }
 
-// Sync makes the directory hold exactly one file per GPU in jobs (GPU
-// number → job ids), and no other numbered file. A GPU's file is removed,
+// Sync makes the directory hold exactly one file per key in jobs (GPU or
+// MIG slice → job ids), and no other mapping file. A GPU's file is removed,
 // never left empty, when its jobs end: dcgm-exporter drops every series of
 // a GPU whose file lists no job. Each file is replaced atomically (a
 // temporary file whose name is not a number, which dcgm-exporter skips,
 // then rename), and only when its content changes.
-func (d *Dir) Sync(jobs map[int][]uint32) error {
+func (d *Dir) Sync(jobs map[Key][]uint32) error {
 	var errs []error
-	for gpu, ids := range jobs {
-		if gpu < 0 {
-			errs = append(errs, fmt.Errorf("dcgm job mapping: GPU number %d", gpu))
+	names := make(map[string]bool, len(jobs))
+	for k, ids := range jobs {
+		if k.GPU < 0 {
+			errs = append(errs, fmt.Errorf("dcgm job mapping: GPU number %d", k.GPU))
 			continue
 		}
+		names[k.Name()] = true
 		ids = slices.Clone(ids)
 		slices.Sort(ids)
 		ids = slices.Compact(ids)
@@ -59,7 +87,7 @@ func (d *Dir) Sync(jobs map[int][]uint32) error {
 		for _, id := range ids {
 			fmt.Fprintf(&b, "%d\n", id)
 		}
-		if err := d.write(strconv.Itoa(gpu), b.Bytes()); err != nil {
+		if err := d.write(k.Name(), b.Bytes()); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -68,11 +96,10 @@ func (d *Dir) Sync(jobs map[int][]uint32) error {
 		return errors.Join(append(errs, fmt.Errorf("dcgm job mapping: %w", err))...)
 	}
 	for _, e := range entries {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil || e.IsDir() {
+		if !mappingName.MatchString(e.Name()) || e.IsDir() {
 			continue // not a mapping file (dcgm-exporter skips it too)
 		}
-		if _, held := jobs[n]; held && strconv.Itoa(n) == e.Name() {
+		if names[e.Name()] {
 			continue
 		}
 		if err := os.Remove(filepath.Join(d.path, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {

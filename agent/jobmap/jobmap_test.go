@@ -53,7 +53,7 @@ func TestSync(t *testing.T) {
 	// Left by an earlier run or by hand: stale GPU files go, a file whose
 	// name dcgm-exporter would not read as a GPU number stays, and so does
 	// a directory.
-	for name, content := range map[string]string{"3": "7\n", "01": "7\n", "README": "mine\n"} {
+	for name, content := range map[string]string{"3": "7\n", "01": "7\n", "1.4": "7\n", "README": "mine\n", "1.x": "mine\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -63,15 +63,17 @@ func TestSync(t *testing.T) {
 	}
 	steps := []struct {
 		name string
-		jobs map[int][]uint32
+		jobs map[Key][]uint32
 		want map[string]string
 	}{
-		{"two jobs, one GPU shared", map[int][]uint32{0: {12}, 2: {13, 12, 13}},
-			map[string]string{"0": "12\n", "2": "12\n13\n", "README": "mine\n"}},
-		{"job 12 ends", map[int][]uint32{2: {13}},
-			map[string]string{"2": "13\n", "README": "mine\n"}},
+		{"two jobs, one GPU shared", map[Key][]uint32{{GPU: 0}: {12}, {GPU: 2}: {13, 12, 13}},
+			map[string]string{"0": "12\n", "2": "12\n13\n", "README": "mine\n", "1.x": "mine\n"}},
+		{"two jobs on two MIG slices of GPU 1", map[Key][]uint32{{GPU: 1}: {14, 15}, {GPU: 1, MIG: true, GI: 3}: {14}, {GPU: 1, MIG: true, GI: 13}: {15}},
+			map[string]string{"1": "14\n15\n", "1.3": "14\n", "1.13": "15\n", "README": "mine\n", "1.x": "mine\n"}},
+		{"job 15 ends", map[Key][]uint32{{GPU: 1}: {14}, {GPU: 1, MIG: true, GI: 3}: {14}},
+			map[string]string{"1": "14\n", "1.3": "14\n", "README": "mine\n", "1.x": "mine\n"}},
 		{"no job", nil,
-			map[string]string{"README": "mine\n"}},
+			map[string]string{"README": "mine\n", "1.x": "mine\n"}},
 	}
 	for _, s := range steps {
 		if err := d.Sync(s.jobs); err != nil {
@@ -101,17 +103,17 @@ func TestSyncKeepsUnchangedFiles(t *testing.T) {
 		}
 		return fi.Sys().(*syscall.Stat_t).Ino
 	}
-	if err := d.Sync(map[int][]uint32{1: {40}}); err != nil {
+	if err := d.Sync(map[Key][]uint32{{GPU: 1}: {40}}); err != nil {
 		t.Fatal(err)
 	}
 	before := inode()
-	if err := d.Sync(map[int][]uint32{1: {40}}); err != nil {
+	if err := d.Sync(map[Key][]uint32{{GPU: 1}: {40}}); err != nil {
 		t.Fatal(err)
 	}
 	if inode() != before {
 		t.Error("an unchanged mapping file was replaced")
 	}
-	if err := d.Sync(map[int][]uint32{1: {41}}); err != nil {
+	if err := d.Sync(map[Key][]uint32{{GPU: 1}: {41}}); err != nil {
 		t.Fatal(err)
 	}
 	if inode() == before {
@@ -134,7 +136,7 @@ func TestSyncNegativeGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Sync(map[int][]uint32{-1: {3}}); err == nil {
+	if err := d.Sync(map[Key][]uint32{{GPU: -1}: {3}}); err == nil {
 		t.Error("GPU -1 accepted")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/inventory"
+	"github.com/gpufence/gpufence/agent/jobmap"
 )
 
 // heldKey is one job holding one GPU (by its Slurm index).
@@ -53,7 +54,7 @@ func (e *Exporter) refresh() {
 	allocs := e.allocs
 	e.mu.Unlock()
 	want := map[heldKey]bool{}
-	files := map[int][]uint32{}
+	files := map[jobmap.Key][]uint32{}
 	for _, a := range allocs {
 		for _, g := range a.GPUs {
 			k := heldKey{a.JobID, g.Index}
@@ -69,8 +70,14 @@ func (e *Exporter) refresh() {
 				e.allocated.WithLabelValues(h.labels...).Set(1)
 				e.held[k] = h
 			}
-			idx := e.dcgmIndex(g)
-			files[idx] = append(files[idx], a.JobID)
+			f := jobmap.Key{GPU: e.dcgmIndex(g)}
+			files[f] = append(files[f], a.JobID)
+			if len(g.Caps) > 0 && e.opts.MIGInstance != nil {
+				if gi, ok := e.opts.MIGInstance(g); ok {
+					f.MIG, f.GI = true, gi
+					files[f] = append(files[f], a.JobID)
+				}
+			}
 		}
 	}
 	for k, h := range e.held {

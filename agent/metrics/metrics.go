@@ -60,6 +60,9 @@ type Options struct {
 	AuditStats func() audit.Stats
 	// JobMap, when set, is kept in step with the jobs' GPUs.
 	JobMap *jobmap.Dir
+	// MIGInstance gives a MIG slice's GPU instance id, for its "N.G"
+	// mapping file; nil, or false for a slice, writes the GPU's "N" only.
+	MIGInstance func(devices.GPU) (uint32, bool)
 	// UserName resolves a uid for the user label (default: the system's
 	// user database through an agent/users cache, which asks again for a
 	// uid whose lookup failed after users.FailedTTL; the uid in decimal

@@ -585,6 +585,51 @@ func TestJobMapFollowsJobs(t *testing.T) {
 	}
 }
 
+// Jobs on MIG slices are listed under "N.G" for the slice's series
+// (dcgm-exporter 4.5.3+) and under "N" for the GPU's.
+func TestJobMapMIGSlices(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "map")
+	jm, err := jobmap.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slice := func(index int, minor uint32, caps ...uint32) devices.GPU {
+		g := gpu(index, minor)
+		for _, c := range caps {
+			g.Caps = append(g.Caps, devices.Cap{Minor: c})
+		}
+		return g
+	}
+	// GPU minor 0's instances 1 and 2 have access caps 12 and 21.
+	gis := map[uint32]uint32{12: 1, 21: 2}
+	mig := func(g devices.GPU) (uint32, bool) {
+		for _, c := range g.CapsMinors() {
+			if gi, ok := gis[c]; ok && g.Minor == 0 {
+				return gi, true
+			}
+		}
+		return 0, false
+	}
+	e := New(Options{Sampler: &fakeSampler{err: inventory.ErrNoDriver}, JobMap: jm, MIGInstance: mig})
+	e.Allocations([]Allocation{
+		alloc(41, 0, slice(0, 0, 12, 13)),
+		alloc(42, 0, slice(1, 0, 21, 22)),
+		alloc(43, 0, gpu(2, 1)),
+		alloc(44, 0, slice(3, 0, 30)), // a slice whose instance is unknown
+	})
+	e.refresh()
+	got := map[string]string{}
+	entries, _ := os.ReadDir(dir)
+	for _, en := range entries {
+		b, _ := os.ReadFile(filepath.Join(dir, en.Name()))
+		got[en.Name()] = string(b)
+	}
+	want := map[string]string{"0": "41\n42\n44\n", "0.1": "41\n", "0.2": "42\n", "1": "43\n"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("mapping files %q, want %q", got, want)
+	}
+}
+
 // Run wakes on an allocation change without waiting for a sample.
 func TestRunFollowsAllocations(t *testing.T) {
 	e := New(Options{SampleInterval: time.Hour})

@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"log/slog"
 	"net"
 
@@ -11,7 +13,9 @@ import (
 	"github.com/gpufence/gpufence/agent/audit"
 	"github.com/gpufence/gpufence/agent/config"
 	"github.com/gpufence/gpufence/agent/daemon"
+	"github.com/gpufence/gpufence/agent/devices"
 	"github.com/gpufence/gpufence/agent/gputable"
+	"github.com/gpufence/gpufence/agent/inventory"
 	"github.com/gpufence/gpufence/agent/jobmap"
 	"github.com/gpufence/gpufence/agent/metrics"
 	"github.com/gpufence/gpufence/agent/registry"
@@ -37,8 +41,26 @@ func newExporter(cfg config.Config, rec *audit.Pipeline, sampler metrics.Sampler
 		Audit:          rec,
 		AuditStats:     rec.Stats,
 		JobMap:         jm,
+		MIGInstance:    migInstance(jm, log),
 		Log:            log,
 	})
+}
+
+// migInstance reads the driver's MIG capability table once, for the job
+// mapping files of MIG slices ("N.G", by GPU instance): nil without a
+// mapping directory or where the node has no MIG table.
+func migInstance(jm *jobmap.Dir, log *slog.Logger) func(devices.GPU) (uint32, bool) {
+	if jm == nil {
+		return nil
+	}
+	m, err := inventory.ReadMIGMinors(inventory.DefaultMIGMinorsPath)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			log.Warn("MIG slices get no dcgm-exporter mapping file of their own, only their GPU's", "err", err)
+		}
+		return nil
+	}
+	return func(g devices.GPU) (uint32, bool) { return m.InstanceOf(g.Minor, g.CapsMinors()) }
 }
 
 // startMetrics runs the exporter's sampling loop and, unless metrics.listen
