@@ -149,31 +149,43 @@ func (r *run) checkAudit() Check {
 			c.warn("Free space on the audit file system, or rotate the audit file (logrotate).", "only %s free for the audit file", bytesHuman(free))
 		}
 	}
-	var fst unix.Stat_t
-	err = unix.Lstat(r.env.path(a.File), &fst)
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		c.ok("%s is writable; the agent creates %s (mode 0640) when it starts", dir, filepath.Base(a.File))
-		return c
-	case err != nil:
-		c.fail("Make "+a.File+" readable to root.", "cannot stat %s: %v", a.File, err)
-		return c
-	case fst.Mode&unix.S_IFMT != unix.S_IFREG:
-		c.fail("Remove "+a.File+": the audit file must be a regular file.", "%s is not a regular file", a.File)
-		return c
+	if a.OCSFFile != "" {
+		c.add("OCSF file: %s", a.OCSFFile)
+		r.auditFileState(&c, a.OCSFFile, filepath.Dir(a.OCSFFile))
 	}
-	c.add("%s: mode %04o, owner uid %d, %s", a.File, fst.Mode&0o7777, fst.Uid, bytesHuman(uint64(fst.Size)))
-	if fst.Mode&0o004 != 0 || fst.Mode&0o002 != 0 {
-		c.fail("chmod 0640 "+a.File+" (the agent creates it 0640; check logrotate's create mode too)",
-			"%s is readable or writable by everyone (mode %04o): it shows users, commands and GPUs", a.File, fst.Mode&0o7777)
-	}
-	if fst.Uid != r.env.AdminUID {
-		c.warn("chown root "+a.File, "%s is owned by uid %d, not %d", a.File, fst.Uid, r.env.AdminUID)
-	}
-	if c.Verdict == "" {
+	if r.auditFileState(&c, a.File, dir) && c.Verdict == "" {
 		c.ok("%s is in place, writable and not world-readable", a.File)
 	}
 	return c
+}
+
+// auditFileState checks one audit file (the JSON Lines file or the OCSF
+// file): a regular file root owns that no other user can read or write,
+// or none yet (the agent creates it in dir). False when there is no file
+// to check further.
+func (r *run) auditFileState(c *Check, path, dir string) bool {
+	var fst unix.Stat_t
+	err := unix.Lstat(r.env.path(path), &fst)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		c.ok("%s is writable; the agent creates %s (mode 0640) when it starts", dir, filepath.Base(path))
+		return false
+	case err != nil:
+		c.fail("Make "+path+" readable to root.", "cannot stat %s: %v", path, err)
+		return false
+	case fst.Mode&unix.S_IFMT != unix.S_IFREG:
+		c.fail("Remove "+path+": the audit file must be a regular file.", "%s is not a regular file", path)
+		return false
+	}
+	c.add("%s: mode %04o, owner uid %d, %s", path, fst.Mode&0o7777, fst.Uid, bytesHuman(uint64(fst.Size)))
+	if fst.Mode&0o004 != 0 || fst.Mode&0o002 != 0 {
+		c.fail("chmod 0640 "+path+" (the agent creates it 0640; check logrotate's create mode too)",
+			"%s is readable or writable by everyone (mode %04o): it shows users, commands and GPUs", path, fst.Mode&0o7777)
+	}
+	if fst.Uid != r.env.AdminUID {
+		c.warn("chown root "+path, "%s is owned by uid %d, not %d", path, fst.Uid, r.env.AdminUID)
+	}
+	return true
 }
 
 func bytesHuman(n uint64) string {

@@ -482,6 +482,19 @@ func TestFailures(t *testing.T) {
 		}, "slurm-conf", Fail, "cannot read slurm.conf /etc/slurm/slurm.conf", "slurm_conf: /opt/slurm/etc/slurm.conf", []string{"slurm-cgroup", "slurm-layout", "gres"}},
 		{"audit file world-readable", func(n *node) { os.Chmod(n.path("/var/log/gpufence/audit.jsonl"), 0o644) },
 			"audit", Fail, "readable or writable by everyone", "chmod 0640", nil},
+		{"OCSF file world-readable", func(n *node) {
+			n.env.Config.Audit.OCSFFile = "/var/log/gpufence/audit.ocsf.jsonl"
+			n.write("/var/log/gpufence/audit.ocsf.jsonl", "")
+			os.Chmod(n.path("/var/log/gpufence/audit.ocsf.jsonl"), 0o644)
+		}, "audit", Fail, "audit.ocsf.jsonl is readable or writable by everyone", "chmod 0640 /var/log/gpufence/audit.ocsf.jsonl", nil},
+		{"OCSF file not yet, audit file world-readable", func(n *node) {
+			n.env.Config.Audit.OCSFFile = "/var/log/gpufence/audit.ocsf.jsonl"
+			os.Chmod(n.path("/var/log/gpufence/audit.jsonl"), 0o644)
+		}, "audit", Fail, "audit.jsonl is readable or writable by everyone", "chmod 0640 /var/log/gpufence/audit.jsonl", nil},
+		{"OCSF file a symbolic link", func(n *node) {
+			n.env.Config.Audit.OCSFFile = "/var/log/gpufence/audit.ocsf.jsonl"
+			os.Symlink("/etc/passwd", n.path("/var/log/gpufence/audit.ocsf.jsonl"))
+		}, "audit", Fail, "audit.ocsf.jsonl is not a regular file", "must be a regular file", nil},
 		{"audit folder world-writable", func(n *node) { os.Chmod(n.path("/var/log/gpufence"), 0o777) },
 			"audit", Fail, "writable by everyone", "chmod 0750", nil},
 		{"audit folder missing, agent down", func(n *node) { n.remove("/var/log/gpufence"); n.stopAgent(true) },
