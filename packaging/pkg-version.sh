@@ -10,13 +10,14 @@
 #   v1.2.3-rc.1-4-gabc1234 -> 1.2.3~rc.1+git4.abc1234   (above rc.1, below 1.2.3)
 #   abc1234 (no tag)       -> 0.0.0~gitYYYYMMDD.abc1234 (EPOCH's date; sorts below any release)
 #   dev (no git)           -> 0.0.0~dev
-#   ...-dirty              -> ... .dirty
+#   v1.2.3-dirty           -> 1.2.3+dirty
+#   other ...-dirty        -> ... .dirty
 # '~' sorts below the empty string in both dpkg and rpm (>= 4.10).
 # SPDX-License-Identifier: Apache-2.0
 set -eu
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-	sed -n '2,14p' "$0" >&2
+	sed -n '2,16p' "$0" >&2
 	exit 2
 fi
 in=$1
@@ -53,4 +54,6 @@ v=${tag#v}
 case $v in
 *-*) v=${v%%-*}~${v#*-} ;;
 esac
+# A dirty tree at the tag itself: above the tag, below its next commit.
+[ -n "$after" ] || [ -z "$dirty" ] || dirty=+dirty
 echo "$v$after$dirty"
