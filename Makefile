@@ -270,6 +270,10 @@ RELEASE_CC_amd64 ?= x86_64-linux-gnu-gcc
 RELEASE_CC_arm64 ?= aarch64-linux-gnu-gcc
 RELEASE_STRIP_amd64 ?= x86_64-linux-gnu-strip
 RELEASE_STRIP_arm64 ?= aarch64-linux-gnu-strip
+RELEASE_KEY_FILE := $(RELEASE_BUILD)/signing-key.asc
+RELEASE_KEY_EXPORT = (umask 077; gpg --batch --pinentry-mode loopback --passphrase '' --armor \
+	--export-secret-keys '$(RELEASE_GPG_KEY)' > $(RELEASE_KEY_FILE)) && test -s $(RELEASE_KEY_FILE) || \
+	{ echo "RELEASE_GPG_KEY=$(RELEASE_GPG_KEY): no secret key in gpg's keyring (GNUPGHOME)" >&2; exit 1; }
 
 .PHONY: check-pkg-version
 check-pkg-version:
@@ -279,12 +283,13 @@ check-pkg-version:
 release: check-pkg-version ## deb and rpm for amd64 and arm64, SHA256SUMS, apt and yum repository in dist/release; signed with RELEASE_GPG_KEY=<keyid> (docs/packaging.md)
 	rm -rf $(RELEASE_DIST) $(RELEASE_BUILD)
 	mkdir -p $(RELEASE_BUILD)
-	$(if $(RELEASE_GPG_KEY),gpg --batch --pinentry-mode loopback --passphrase '' --armor --export-secret-keys '$(RELEASE_GPG_KEY)' > $(RELEASE_BUILD)/signing-key.asc)
+	@# The secret key nfpm signs the rpms with lives only as long as the builds.
+	trap 'rm -f $(RELEASE_KEY_FILE)' EXIT; \
+	$(if $(RELEASE_GPG_KEY),$(RELEASE_KEY_EXPORT);) \
 	$(foreach a,$(RELEASE_ARCHES),$(MAKE) --no-print-directory package PKG_ARCH=$(a) \
 		CC='$(RELEASE_CC_$(a))' STRIP='$(RELEASE_STRIP_$(a))' DIST=$(RELEASE_BUILD)/$(a) \
 		VERSION='$(VERSION)' PKG_VERSION='$(PKG_VERSION)' SOURCE_DATE_EPOCH='$(SOURCE_DATE_EPOCH)' \
-		$(if $(RELEASE_GPG_KEY),GPUFENCE_RPM_SIGNING_KEY=$(RELEASE_BUILD)/signing-key.asc) && ) true
-	rm -f $(RELEASE_BUILD)/signing-key.asc
+		$(if $(RELEASE_GPG_KEY),GPUFENCE_RPM_SIGNING_KEY=$(RELEASE_KEY_FILE)) && ) true
 	SOURCE_DATE_EPOCH='$(SOURCE_DATE_EPOCH)' RELEASE_GPG_KEY='$(RELEASE_GPG_KEY)' \
 		packaging/release-repo.sh $(RELEASE_DIST) $(foreach a,$(RELEASE_ARCHES),$(RELEASE_BUILD)/$(a)/gpufence_* $(RELEASE_BUILD)/$(a)/gpufence-*)
 

@@ -212,6 +212,11 @@ func TestRelease(t *testing.T) {
 	}
 	t.Logf("make release: %s", time.Since(start).Round(time.Second))
 	dist := filepath.Join(clone, "dist", "release")
+	// The secret key exported for nfpm is gone, and in no artifact.
+	if _, err := os.Stat(filepath.Join(clone, "build", "release", "signing-key.asc")); err == nil {
+		t.Error("make release left the exported secret key in build/release/signing-key.asc")
+	}
+	noBuildPaths(t, "dist/release (secret key)", dist, "PGP PRIVATE KEY")
 
 	// Four packages, named and labelled for their arch.
 	pkgs := map[string]string{ // file -> Go arch
