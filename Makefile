@@ -3,7 +3,9 @@ SHELL := /bin/bash
 GO ?= go
 CC ?= gcc
 CLANG ?= clang
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# Release tags are vMAJOR.MINOR.PATCH[-PRERELEASE] (packaging/pkg-version.sh
+# turns this into the package version and rejects other v* tags).
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --always --dirty 2>/dev/null || echo dev)
 # The Slurm headers the SPANK entry is compiled against; its plugin_version
 # (major.minor) must match the slurmd that loads it.
 SLURM_INCLUDE ?= /usr/include
@@ -211,6 +213,8 @@ bench: build ## launch cost of none / ConstrainDevices=yes / gpufence side by si
 # the list with header folders of your own; SLURM_EXTRA_HEADER_DIRS adds
 # some, e.g. ParallelCluster's:
 #   make package SLURM_EXTRA_HEADER_DIRS=/opt/slurm/include
+# CGO_ENABLED=0 where it runs: nfpm needs no cgo, and CC may be a cross
+# compiler for the packages' arch.
 NFPM ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 DIST ?= dist
 PKG_BUILD := build/pkg
@@ -220,8 +224,15 @@ SLURM_EXTRA_HEADER_DIRS ?=
 export SLURM_RELEASES SLURM_SRC_DIR
 # Reproducible builds: file times in the packages are the last commit's.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
-PKG_VERSION ?= $(shell packaging/pkg-version.sh '$(VERSION)' '$(SOURCE_DATE_EPOCH)')
+# Empty when VERSION's tag is not a release tag: the package recipes then
+# run pkg-version.sh again for its error.
+PKG_VERSION ?= $(shell packaging/pkg-version.sh '$(VERSION)' '$(SOURCE_DATE_EPOCH)' 2>/dev/null)
+CHECK_PKG_VERSION = @test -n '$(PKG_VERSION)' || { packaging/pkg-version.sh '$(VERSION)' '$(SOURCE_DATE_EPOCH)' >/dev/null; exit 1; }
+# The Go and Debian name of the architecture (nfpm writes rpm's names:
+# amd64 -> x86_64, arm64 -> aarch64). Another one than this machine's
+# needs CC (and STRIP) of a cross compiler: `make release` passes them.
 PKG_ARCH ?= $(shell $(GO) env GOARCH)
+STRIP ?= strip
 PKG_MAINTAINER ?= gpufence maintainers <gpufence@users.noreply.github.com>
 # Same output wherever the tree is checked out.
 PKG_CFLAGS := $(SPANK_CFLAGS) -ffile-prefix-map=$(CURDIR)=.
@@ -236,7 +247,7 @@ plugins: ## the SPANK entry for every release in packaging/slurm-releases: build
 	rm -rf $(PKG_BUILD)/lib
 	dirs='$(SLURM_HEADER_DIRS)'; \
 	[ -n "$$dirs" ] || dirs=$$(SLURM_INCLUDE='$(SLURM_INCLUDE)' packaging/release-headers.sh $(SLURM_HEADER_CACHE)) || exit 1; \
-	CC='$(CC)' SPANK_CFLAGS='$(PKG_CFLAGS)' packaging/build-plugins.sh $(PKG_BUILD)/lib $$dirs $(SLURM_EXTRA_HEADER_DIRS)
+	CC='$(CC)' STRIP='$(STRIP)' SPANK_CFLAGS='$(PKG_CFLAGS)' packaging/build-plugins.sh $(PKG_BUILD)/lib $$dirs $(SLURM_EXTRA_HEADER_DIRS)
 
 PLUGIN_DIR ?= build/plugins
 
@@ -245,8 +256,8 @@ plugin: ## one SPANK entry from SLURM_INCLUDE (e.g. /opt/slurm/include): build/p
 	CC='$(CC)' SPANK_CFLAGS='$(PKG_CFLAGS)' packaging/build-plugins.sh $(PLUGIN_DIR) $(SLURM_INCLUDE)
 
 .PHONY: package
-package: plugins ## .deb and .rpm in dist/ with nfpm (docs/packaging.md)
-	CGO_CFLAGS='$(GPUFENCE_CGO_CFLAGS)' CGO_ENABLED=1 $(GO) build -buildmode=pie -trimpath -buildvcs=false -ldflags '$(PKG_GO_LDFLAGS)' -o $(PKG_BUILD)/gpufence ./agent/cmd/gpufence
+package: check-pkg-version plugins ## .deb and .rpm in dist/ with nfpm (docs/packaging.md)
+	CGO_CFLAGS='$(GPUFENCE_CGO_CFLAGS)' CGO_ENABLED=1 CC='$(CC)' GOARCH='$(PKG_ARCH)' $(GO) build -buildmode=pie -trimpath -buildvcs=false -ldflags '$(PKG_GO_LDFLAGS)' -o $(PKG_BUILD)/gpufence ./agent/cmd/gpufence
 	gzip -9n < packaging/man/gpufence.8 > $(PKG_BUILD)/gpufence.8.gz
 	packaging/changelog.sh '$(PKG_VERSION)' '$(VERSION)' '$(SOURCE_DATE_EPOCH)' '$(PKG_MAINTAINER)' > $(PKG_BUILD)/changelog.yml
 	packaging/nfpm-config.sh > $(PKG_BUILD)/nfpm.yaml
@@ -255,9 +266,47 @@ package: plugins ## .deb and .rpm in dist/ with nfpm (docs/packaging.md)
 	for p in deb rpm; do \
 		SOURCE_DATE_EPOCH='$(SOURCE_DATE_EPOCH)' PKG_VERSION='$(PKG_VERSION)' PKG_ARCH='$(PKG_ARCH)' \
 		PKG_MAINTAINER='$(PKG_MAINTAINER)' \
-		$(NFPM) package --config $(PKG_BUILD)/nfpm.yaml --packager $$p --target $(DIST)/ || exit 1; \
+		CGO_ENABLED=0 $(NFPM) package --config $(PKG_BUILD)/nfpm.yaml --packager $$p --target $(DIST)/ || exit 1; \
 	done
 	@cd $(DIST) && sha256sum gpufence_*.deb gpufence-*.rpm
+
+# `make release` (docs/packaging.md "Releases"): what a tag v* publishes.
+# The packages of every arch in RELEASE_ARCHES (each `make package` with
+# that arch's cross compiler), SHA256SUMS, and the folder made an apt (flat)
+# and a yum repository, all in RELEASE_DIST. With RELEASE_GPG_KEY (a key id
+# of GNUPGHOME's keyring, no passphrase, or gpg-agent holding it) the rpms,
+# SHA256SUMS, Release/InRelease and repomd.xml are signed and the public key
+# is exported as gpufence-release.asc.
+RELEASE_DIST ?= dist/release
+RELEASE_BUILD := build/release
+RELEASE_ARCHES ?= amd64 arm64
+RELEASE_GPG_KEY ?=
+RELEASE_CC_amd64 ?= x86_64-linux-gnu-gcc
+RELEASE_CC_arm64 ?= aarch64-linux-gnu-gcc
+RELEASE_STRIP_amd64 ?= x86_64-linux-gnu-strip
+RELEASE_STRIP_arm64 ?= aarch64-linux-gnu-strip
+RELEASE_KEY_FILE := $(RELEASE_BUILD)/signing-key.asc
+RELEASE_KEY_EXPORT = (umask 077; gpg --batch --pinentry-mode loopback --passphrase '' --armor \
+	--export-secret-keys '$(RELEASE_GPG_KEY)' > $(RELEASE_KEY_FILE)) && test -s $(RELEASE_KEY_FILE) || \
+	{ echo "RELEASE_GPG_KEY=$(RELEASE_GPG_KEY): no secret key in gpg's keyring (GNUPGHOME)" >&2; exit 1; }
+
+.PHONY: check-pkg-version
+check-pkg-version:
+	$(CHECK_PKG_VERSION)
+
+.PHONY: release
+release: check-pkg-version ## deb and rpm for amd64 and arm64, SHA256SUMS, apt and yum repository in dist/release; signed with RELEASE_GPG_KEY=<keyid> (docs/packaging.md)
+	rm -rf $(RELEASE_DIST) $(RELEASE_BUILD)
+	mkdir -p $(RELEASE_BUILD)
+	@# The secret key nfpm signs the rpms with lives only as long as the builds.
+	trap 'rm -f $(RELEASE_KEY_FILE)' EXIT; \
+	$(if $(RELEASE_GPG_KEY),$(RELEASE_KEY_EXPORT);) \
+	$(foreach a,$(RELEASE_ARCHES),$(MAKE) --no-print-directory package PKG_ARCH=$(a) \
+		CC='$(RELEASE_CC_$(a))' STRIP='$(RELEASE_STRIP_$(a))' DIST=$(RELEASE_BUILD)/$(a) \
+		VERSION='$(VERSION)' PKG_VERSION='$(PKG_VERSION)' SOURCE_DATE_EPOCH='$(SOURCE_DATE_EPOCH)' \
+		$(if $(RELEASE_GPG_KEY),GPUFENCE_RPM_SIGNING_KEY=$(RELEASE_KEY_FILE)) && ) true
+	SOURCE_DATE_EPOCH='$(SOURCE_DATE_EPOCH)' RELEASE_GPG_KEY='$(RELEASE_GPG_KEY)' \
+		packaging/release-repo.sh $(RELEASE_DIST) $(foreach a,$(RELEASE_ARCHES),$(RELEASE_BUILD)/$(a)/gpufence_* $(RELEASE_BUILD)/$(a)/gpufence-*)
 
 .PHONY: FORCE
 FORCE:

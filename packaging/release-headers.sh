@@ -7,9 +7,11 @@
 # the packages must hold every listed build.
 #
 # env: SLURM_RELEASES  the major.minor releases to give (default: every line)
-#      SLURM_SRC_DIR   the folder of release tarballs and their SHA256SUMS
-#                      (default: ../shared/slurm-src next to the repository,
-#                      an offline mirror of SchedMD's release tags)
+#      SLURM_SRC_DIR   an offline mirror: the folder of the src: release
+#                      tarballs, each checked against its pin in
+#                      packaging/slurm-sources. Unset: each is fetched from
+#                      its pinned URL into CACHE/download and checked
+#                      (packaging/slurm-src-headers.sh --fetch).
 #      SLURM_INCLUDE   this machine's headers (default /usr/include): used
 #                      for a release of the same major.minor, nothing fetched
 #      SLURM_RELEASES_FILE (default packaging/slurm-releases)
@@ -17,7 +19,7 @@
 set -eu
 
 if [ $# -ne 1 ]; then
-	sed -n '2,17p' "$0" >&2
+	sed -n '2,19p' "$0" >&2
 	exit 2
 fi
 cache=$1
@@ -36,19 +38,6 @@ mm_of() {
 	[ -n "$v" ] || return 1
 	v=$(printf '%d' "$v")
 	printf '%d.%02d\n' $((v >> 16)) $(((v >> 8) & 255))
-}
-
-src_dir() {
-	if [ -n "${SLURM_SRC_DIR:-}" ]; then
-		echo "$SLURM_SRC_DIR"
-		return
-	fi
-	d=$here/../../shared/slurm-src
-	if [ -f "$d/SHA256SUMS" ]; then
-		(cd "$d" && pwd)
-		return
-	fi
-	echo ""
 }
 
 [ -f "$list" ] || die "no release list $list"
@@ -80,10 +69,13 @@ awk '!/^[[:space:]]*(#|$)/ {print $1, $2}' "$list" | while read -r mm source; do
 		;;
 	src:*)
 		tarball=${source#src:}
-		dir=$(src_dir)
-		[ -n "$dir" ] && [ -f "$dir/$tarball" ] ||
-			die "$mm: $tarball not found in ${dir:-../shared/slurm-src}; set SLURM_SRC_DIR to the folder holding it and its SHA256SUMS, or SLURM_RELEASES to the releases to build"
-		inc=$("$here/slurm-src-headers.sh" "$cache" "$dir/$tarball")
+		if [ -n "${SLURM_SRC_DIR:-}" ]; then
+			[ -f "$SLURM_SRC_DIR/$tarball" ] ||
+				die "$mm: $tarball not found in SLURM_SRC_DIR=$SLURM_SRC_DIR; put it there, unset SLURM_SRC_DIR to fetch it, or set SLURM_RELEASES to the releases to build"
+			inc=$("$here/slurm-src-headers.sh" "$cache" "$SLURM_SRC_DIR/$tarball")
+		else
+			inc=$("$here/slurm-src-headers.sh" --fetch "$cache" "$tarball")
+		fi
 		;;
 	*) die "$list: $mm has source \"$source\", not debian:SUITE or src:TARBALL" ;;
 	esac

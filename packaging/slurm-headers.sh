@@ -1,26 +1,39 @@
 #!/bin/sh
 # slurm-headers.sh CACHE SUITE... - Slurm's C headers of other Slurm releases,
-# so that one build can make the SPANK plugin for each of them.
+#   so that one build can make the SPANK plugin for each of them.
+# slurm-headers.sh --pin CACHE SUITE... - the packaging/slurm-sources line
+#   of each SUITE's current libslurm-dev, for updating a pin.
 #
-# For each Debian SUITE (e.g. trixie, sid) it downloads that suite's
-# libslurm-dev .deb and unpacks only usr/include/slurm into
-# CACHE/<upstream version>/include/slurm, then writes CACHE/<suite>.version.
-# A suite already in CACHE is not fetched again (SLURM_HEADERS_REFRESH=1 does).
-# Trust chain: the suite's InRelease is checked with gpgv against the Debian
-# archive keyring (when installed; else HTTPS alone), the Packages index
-# against InRelease's SHA256, and the .deb against the index's SHA256.
+# For each Debian SUITE (e.g. trixie, sid) it downloads the libslurm-dev .deb
+# pinned for it in packaging/slurm-sources (pool file and SHA256) from the
+# mirror's pool, checks it against the pin, and unpacks only
+# usr/include/slurm into CACHE/<upstream version>/include/slurm, then writes
+# CACHE/<suite>.version. A suite already in CACHE from the pinned .deb is not
+# fetched again (SLURM_HEADERS_REFRESH=1 does).
+# --pin finds the suite's current .deb instead: the suite's InRelease is
+# checked with gpgv against the Debian archive keyring (when installed; else
+# HTTPS alone), the Packages index against InRelease's SHA256, and the .deb
+# against the index's SHA256; the line is printed on stdout.
 #
 # env: DEBIAN_MIRROR (default: the Debian mirror apt uses here, else
 #        https://deb.debian.org/debian)
 #      DEBIAN_KEYRING (default /usr/share/keyrings/debian-archive-keyring.gpg)
 #      SLURM_HEADERS_ARCH (default amd64; the headers are the same on every arch)
+#      SLURM_SOURCES_FILE (default packaging/slurm-sources)
 # SPDX-License-Identifier: Apache-2.0
 set -eu
 
+pinmode=
+if [ "${1:-}" = --pin ]; then
+	pinmode=1
+	shift
+fi
 if [ $# -lt 1 ]; then
-	sed -n '2,16p' "$0" >&2
+	sed -n '2,23p' "$0" >&2
 	exit 2
 fi
+here=$(cd "$(dirname "$0")" && pwd)
+pins=${SLURM_SOURCES_FILE:-$here/slurm-sources}
 cache=$1
 shift
 [ $# -gt 0 ] || exit 0
@@ -52,18 +65,11 @@ sha_ok() { # FILE SHA256
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-for suite in "$@"; do
-	stamp=$cache/$suite.version
-	if [ -z "${SLURM_HEADERS_REFRESH:-}" ] && [ -s "$stamp" ] &&
-		[ -f "$cache/$(cat "$stamp")/include/slurm/spank.h" ]; then
-		log "$suite: Slurm $(cat "$stamp") (cached)"
-		continue
-	fi
-	w=$tmp/$suite
-	mkdir -p "$w"
+# current: the suite's libslurm-dev now (version, file, sha; the .deb in
+# $w/dev.deb), through the signed InRelease and its Packages index.
+current() {
 	log "$suite: from $mirror"
 	index=main/binary-$arch/Packages.xz
-
 	curl -fsSL --retry 3 -o "$w/InRelease" "$mirror/dists/$suite/InRelease" ||
 		die "$suite: cannot download $mirror/dists/$suite/InRelease"
 	if [ -f "$keyring" ] && command -v gpgv >/dev/null; then
@@ -94,11 +100,37 @@ for suite in "$@"; do
 	if [ -z "$version" ] || [ -z "$file" ] || [ -z "$sha" ]; then
 		die "$suite: no libslurm-dev in $index"
 	fi
-	# 24.11.5-4+deb13u1 -> 24.11.5 (an epoch would be dropped as well)
-	upstream=$(echo "$version" | sed 's/^[0-9]*://; s/-[^-]*$//')
-
 	curl -fsSL --retry 3 -o "$w/dev.deb" "$mirror/$file" || die "$suite: cannot download $file"
 	sha_ok "$w/dev.deb" "$sha" || die "$suite: $file does not match the SHA256 in $index"
+}
+
+for suite in "$@"; do
+	stamp=$cache/$suite.version
+	w=$tmp/$suite
+	mkdir -p "$w"
+	if [ -n "$pinmode" ]; then
+		current
+		echo "deb $suite $file $sha"
+		continue
+	fi
+	[ -f "$pins" ] || die "no pin file $pins"
+	file=$(awk -v s="$suite" '$1 == "deb" && $2 == s {print $3; exit}' "$pins")
+	sha=$(awk -v s="$suite" '$1 == "deb" && $2 == s {print $4; exit}' "$pins")
+	[ -n "$file" ] && [ -n "$sha" ] || die "$suite: no \"deb $suite POOL-FILE SHA256\" pin in $pins"
+	if [ -z "${SLURM_HEADERS_REFRESH:-}" ] && [ -s "$stamp" ] &&
+		[ -f "$cache/$(cat "$stamp")/include/slurm/spank.h" ] &&
+		grep -qx "sha256: $sha" "$cache/$(cat "$stamp")/SOURCE" 2>/dev/null; then
+		log "$suite: Slurm $(cat "$stamp") (cached)"
+		continue
+	fi
+	log "$suite: $file from $mirror"
+	curl -fsSL --retry 3 -o "$w/dev.deb" "$mirror/$file" ||
+		die "$suite: cannot download the pinned $mirror/$file (Debian may have replaced it: packaging/slurm-headers.sh --pin CACHE $suite prints the current one for $pins)"
+	got=$(sha256sum "$w/dev.deb" | cut -d' ' -f1)
+	[ "$got" = "$sha" ] || die "$suite: $file: SHA256 $got does not match the pin in $pins: expected $sha"
+	version=$(dpkg-deb -f "$w/dev.deb" Version) || die "$suite: $file is not a .deb"
+	# 24.11.5-4+deb13u1 -> 24.11.5 (an epoch would be dropped as well)
+	upstream=$(echo "$version" | sed 's/^[0-9]*://; s/-[^-]*$//')
 	dpkg-deb -x "$w/dev.deb" "$w/x" || die "$suite: cannot unpack $file"
 	[ -f "$w/x/usr/include/slurm/spank.h" ] || die "$suite: $file has no usr/include/slurm/spank.h"
 

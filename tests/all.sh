@@ -22,6 +22,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/deps.sh
+# The Slurm release tarballs from the offline mirror beside the checkout
+# (packaging/release-headers.sh would fetch them from GitHub otherwise):
+# for `make package` in the VM upgrade test; the Go tests find it themselves.
+if [ -z "${SLURM_SRC_DIR:-}" ] && [ -f ../shared/slurm-src/SHA256SUMS ]; then
+	SLURM_SRC_DIR=$(cd ../shared/slurm-src && pwd)
+	export SLURM_SRC_DIR
+fi
 releases=${GPUFENCE_CI_SLURM-25.11+pcluster}
 run=${GPUFENCE_CI_SLURM_RUN-'^TestPrivileged(Isolation|ConstrainDevices|ReleaseLayout|SlurmDeviceProgramAttached|InteractiveStep|AgentDown|AttackMetricsExhaustion|PluginSocketSurvivesEMFILE|HealthzSocketActivated|AttackMetricsLeakAuthenticated|PlantedScopeE2E|AttackAdoptSlowSlurmctld|AttackExeSpoof|SbcastForeignGPU|SharedGPUs|MultiNode|ConstrainDevicesOracle|PyxisEnroot)$'}
 t0=$SECONDS

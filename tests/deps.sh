@@ -11,13 +11,17 @@ pkgs=(make gcc libc6-dev git curl unzip ca-certificates
       clang llvm protobuf-compiler bpftool prometheus
       lintian rpmlint rpm cpio debootstrap gpgv debian-archive-keyring xz-utils
       python3-botocore rsyslog rsyslog-gnutls apache2-utils
-      libmunge-dev libdbus-1-dev libhwloc-dev libjson-c-dev libyaml-dev pkg-config)
+      libmunge-dev libdbus-1-dev libhwloc-dev libjson-c-dev libyaml-dev pkg-config
+      gcc-aarch64-linux-gnu libc6-dev-arm64-cross apt-utils createrepo-c gpg gpg-agent rpm2cpio)
 # python3-botocore: the CloudWatch API's service model, which
 # agent/metrics/cloudwatch_api_test.go checks the shipped alarm and dashboard
 # against; rsyslog, rsyslog-gnutls: the collector of the syslog-over-TLS
 # test (agent/audit runs an rsyslogd of its own); apache2-utils: htpasswd,
 # which gpufence-node.sh --cloudwatch uses (tests/pcluster). The last line: what building Slurm from a release tarball needs
 # (tests/slurmrel/build-source.sh, for the e2e suite on other releases).
+# The line after it: `make release` (tests/release): the arm64 cross
+# compiler for the agent's cgo and the SPANK plugin, apt-ftparchive and
+# createrepo_c for the repository metadata, gpg to sign.
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

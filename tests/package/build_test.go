@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpufence/gpufence/tests/slurmrel"
 )
 
 // repoRoot is the repository root (this file is tests/package/build_test.go).
@@ -62,7 +64,16 @@ func packages(t *testing.T) built {
 			}
 			pkgs.dir, pkgs.temp = dir, true
 			start := time.Now()
-			out, err := run(repoRoot(t), "make", "package", "DIST="+dir)
+			args := []string{"package", "DIST=" + dir}
+			// The release tarballs from the offline mirror, not the
+			// network (packaging/release-headers.sh fetches them when
+			// SLURM_SRC_DIR is unset).
+			if os.Getenv("SLURM_SRC_DIR") == "" {
+				if src, err := slurmrel.SourceDir(); err == nil {
+					args = append(args, "SLURM_SRC_DIR="+src)
+				}
+			}
+			out, err := run(repoRoot(t), "make", args...)
 			if err != nil {
 				pkgs.err = fmt.Errorf("make package: %w\n%s", err, out)
 				return

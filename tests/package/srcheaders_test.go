@@ -16,7 +16,8 @@ import (
 
 // TestSrcHeaders checks packaging/slurm-src-headers.sh, which gives the
 // plugin build the headers of the releases Debian lacks: it refuses a
-// tarball that does not match its SHA256SUMS or is not listed there, and the
+// tarball that does not match its pin in packaging/slurm-sources or is not
+// pinned there (whatever a SHA256SUMS next to it says), and the
 // slurm_version.h it makes without configure is the one configure makes
 // (compared with a source build's installed headers where this machine has
 // one).
